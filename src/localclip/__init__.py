@@ -1,0 +1,15 @@
+"""localclip: communication-efficient distributed training with local gradient clipping.
+
+The public API: :class:`ClippedSGD` (the local update), :class:`PeriodicAverager` (periodic
+model averaging), :class:`CELGC` and :class:`NaiveParallelClipping` (the algorithms, as
+optimizers), and the communicators in :mod:`localclip.comm`.
+"""
+
+from localclip.algorithm import CELGC, NaiveParallelClipping
+from localclip.averaging import PeriodicAverager
+from localclip.comm import SimulatedWorld
+from localclip.optim import ClippedSGD, GammaFollowsLR
+
+__version__ = "0.1.0"
+
+__all__ = ["CELGC", "ClippedSGD", "GammaFollowsLR", "NaiveParallelClipping", "PeriodicAverager", "SimulatedWorld"]

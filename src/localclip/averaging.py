@@ -1,0 +1,285 @@
+"""Periodic model averaging: when the workers average, what they average, and what it costs.
+
+:class:`PeriodicAverager` owns the "every I steps, replace the model by the average" part of
+CELGC and of local SGD. To make a round cost little more than the transport itself, the averaged
+tensors (trainable parameters and floating-point buffers) are moved, once, into one persistent
+flat buffer per (device, dtype): each parameter's ``.data`` and each buffer becomes a view into
+it. A round is then one in-place all-reduce of each flat buffer and one division, with no
+packing or unpacking copies. The buffer carries one extra element, the worker's weight, so that
+a weighted average (partial participation, workers with non-finite parameters left out) costs
+the same single all-reduce and is a decision every worker takes together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from localclip.comm import Communicator, current
+from localclip.errors import CommunicationError
+
+__all__ = ["PeriodicAverager", "OPTIMIZER_STATE_MODES", "sample_participants"]
+
+OPTIMIZER_STATE_MODES = ("local", "average", "reset")
+
+
+def sample_participants(world_size: int, k: int, round_index: int, seed: int) -> list[int]:
+    """The ``k`` ranks that take part in round ``round_index``: the same list on every worker.
+
+    Drawn from a generator seeded by ``(seed, round_index)`` alone, so no communication is needed
+    to agree on it and a resumed run draws the same participants.
+    """
+    if not 1 <= k <= world_size:
+        raise ValueError(f"Invalid number of participants: {k} (must be in [1, {world_size}])")
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + round_index) % (2**63))
+    return sorted(torch.randperm(world_size, generator=gen)[:k].tolist())
+
+
+class _FlatBucket:
+    """A flat buffer of one device and dtype whose slices back the averaged tensors."""
+
+    def __init__(self, tensors: list[torch.Tensor], bind: list):
+        numel = sum(t.numel() for t in tensors)
+        # One extra element at the end holds this worker's weight in the average.
+        self.flat = torch.empty(numel + 1, dtype=tensors[0].dtype, device=tensors[0].device)
+        self.values = self.flat[:-1]
+        self.weight = self.flat[-1:]
+        offset = 0
+        self.views = []
+        for t, rebind in zip(tensors, bind):
+            view = self.values[offset : offset + t.numel()].view_as(t)
+            view.copy_(t)
+            rebind(view)
+            self.views.append(view)
+            offset += t.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+
+class PeriodicAverager:
+    r"""Average a module's parameters and buffers across workers every ``period`` steps.
+
+    Call :meth:`step` once after every optimizer step. After the ``period``-th, ``2·period``-th, …
+    call (and after each of the first ``warmup_steps`` calls), every trainable parameter and,
+    unless ``average_buffers=False``, every floating-point buffer (BatchNorm statistics) is
+    replaced by its average over the group; in between everything stays local. This is averaging
+    "at the start of every iteration t with t mod I = 0" of the paper: iteration 0 is covered by
+    the construction, where every worker takes rank 0's parameters and buffers.
+
+    The averaged tensors are re-homed into flat buffers (see the module docstring): create the
+    averager after moving the module to its device, and do not re-assign ``param.data``
+    afterwards (checked at every round). ``load_state_dict`` and in-place updates are fine.
+
+    Args:
+        module: the worker's model.
+        period: the communication period I (>= 1).
+        group: the :class:`~localclip.comm.Communicator`; default :func:`localclip.comm.current`.
+        average_buffers: also average floating-point buffers (the reference averages parameters
+            only; averaging BatchNorm statistics keeps the evaluated model consistent).
+        optimizer: the optimizer whose state ``optimizer_state`` refers to.
+        optimizer_state: after a round, keep momentum buffers ``"local"`` (the paper's),
+            ``"average"`` them too, or ``"reset"`` them (the next step starts a fresh buffer).
+        warmup_steps: average after every one of the first ``warmup_steps`` steps.
+        participants: if set to K < world size, each round only K workers, drawn by
+            :func:`sample_participants` from ``participation_seed``, are averaged; every worker
+            then takes that average (partial participation).
+        skip_nonfinite: leave a worker whose parameters contain NaN or Inf out of the average
+            (it takes the average of the others); if False such a worker raises instead.
+
+    Attributes:
+        rounds: averaging rounds so far.
+        bytes_communicated: payload bytes this worker has all-reduced in those rounds.
+        nonfinite_rounds: rounds in which this worker was left out for non-finite parameters.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        period: int,
+        *,
+        group: Communicator | None = None,
+        average_buffers: bool = True,
+        optimizer: torch.optim.Optimizer | None = None,
+        optimizer_state: str = "local",
+        warmup_steps: int = 0,
+        participants: int | None = None,
+        participation_seed: int = 0,
+        skip_nonfinite: bool = True,
+    ):
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"Invalid period: {period!r} (must be an integer >= 1)")
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"Invalid warmup_steps: {warmup_steps!r} (must be an integer >= 0)")
+        if optimizer_state not in OPTIMIZER_STATE_MODES:
+            raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
+        if optimizer_state != "local" and optimizer is None:
+            raise ValueError(f"optimizer_state={optimizer_state!r} needs the optimizer")
+        self.comm = group if group is not None else current()
+        if participants is not None and not 1 <= participants <= self.comm.world_size:
+            raise ValueError(f"Invalid participants: {participants} (must be in [1, {self.comm.world_size}])")
+        self.module = module
+        self.period = period
+        self.warmup_steps = warmup_steps
+        self.average_buffers = average_buffers
+        self.optimizer = optimizer
+        self.optimizer_state = optimizer_state
+        self.participants = participants
+        self.participation_seed = participation_seed
+        self.skip_nonfinite = skip_nonfinite
+        self.step_count = 0
+        self.rounds = 0
+        self.bytes_communicated = 0
+        self.nonfinite_rounds = 0
+
+        self._names, self._buckets = self._flatten(module, average_buffers)
+        if not self._buckets:
+            raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters or floating-point buffers to average")
+        # Every worker starts from rank 0's model (x₀ is shared).
+        self._collective("initial broadcast", lambda: self.comm.broadcast([b.flat for b in self._buckets], src=0))
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _flatten(module: nn.Module, average_buffers: bool):
+        entries = []  # (name, tensor, rebind)
+        seen = set()
+        for name, p in module.named_parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                entries.append((name, p, lambda v, p=p: setattr(p, "data", v), p))
+        if average_buffers:
+            for mod_name, mod in module.named_modules():
+                for buf_name, buf in mod._buffers.items():
+                    if buf is None or not buf.is_floating_point() or id(buf) in seen:
+                        continue
+                    seen.add(id(buf))
+                    name = f"{mod_name}.{buf_name}" if mod_name else buf_name
+
+                    def rebind(v, mod=mod, buf_name=buf_name):
+                        mod._buffers[buf_name] = v
+
+                    entries.append((name, buf, rebind, (mod, buf_name)))
+        by_key: dict[tuple, list] = {}
+        for entry in entries:
+            t = entry[1]
+            by_key.setdefault((t.device, t.dtype), []).append(entry)
+        names, buckets = [], []
+        for group in by_key.values():
+            bucket = _FlatBucket([e[1].detach() for e in group], [e[2] for e in group])
+            bucket.owners = [e[3] for e in group]
+            names.append([e[0] for e in group])
+            buckets.append(bucket)
+        return names, buckets
+
+    def _check_views(self) -> None:
+        """Fail loudly if someone replaced a tensor the flat buffers back."""
+        for names, bucket in zip(self._names, self._buckets):
+            for name, owner, view in zip(names, bucket.owners, bucket.views):
+                live = owner if isinstance(owner, torch.Tensor) else owner[0]._buffers[owner[1]]
+                if live.data_ptr() != view.data_ptr():
+                    raise RuntimeError(
+                        f"tensor {name!r} was re-assigned after the PeriodicAverager was created; "
+                        "create the averager after moving or replacing the module's tensors"
+                    )
+
+    # -- the schedule --------------------------------------------------------------------------
+
+    def is_sync_step(self, step_count: int) -> bool:
+        """Whether the ``step_count``-th call of :meth:`step` (1-based) ends with a round."""
+        return step_count <= self.warmup_steps or (step_count - self.warmup_steps) % self.period == 0
+
+    def step(self) -> bool:
+        """Count one optimizer step; average if this step ends a period. Returns whether it did."""
+        self.step_count += 1
+        if self.is_sync_step(self.step_count):
+            self.average()
+            return True
+        return False
+
+    # -- a round -------------------------------------------------------------------------------
+
+    def _collective(self, what: str, fn) -> None:
+        try:
+            fn()
+        except CommunicationError as exc:
+            raise CommunicationError(f"{what} (round {self.rounds + 1}, timeout {self.comm.timeout:g}s): {exc}") from exc
+
+    @torch.no_grad()
+    def average(self) -> None:
+        """Average now, whatever the schedule (end of training, before evaluation)."""
+        self._check_views()
+        weight = 1.0
+        if self.participants is not None and self.participants < self.comm.world_size:
+            chosen = sample_participants(self.comm.world_size, self.participants, self.rounds, self.participation_seed)
+            weight = 1.0 if self.comm.rank in chosen else 0.0
+        if weight and not all(bool(torch.isfinite(b.values).all()) for b in self._buckets):
+            if not self.skip_nonfinite:
+                raise FloatingPointError(f"rank {self.comm.rank}: non-finite parameters at averaging round {self.rounds + 1}")
+            weight = 0.0
+            self.nonfinite_rounds += 1
+        for b in self._buckets:
+            if weight == 0.0:
+                b.flat.zero_()  # 0·NaN is NaN: a left-out worker must contribute true zeros
+            b.weight.fill_(weight)
+        self._collective("model averaging", lambda: self.comm.all_reduce([b.flat for b in self._buckets]))
+        total = float(self._buckets[0].weight)
+        if total == 0.0:
+            raise FloatingPointError(f"averaging round {self.rounds + 1}: no worker had finite parameters")
+        for b in self._buckets:
+            b.flat.div_(total)
+        self.rounds += 1
+        self.bytes_communicated += sum(b.nbytes for b in self._buckets)
+        self._sync_optimizer_state()
+
+    def _sync_optimizer_state(self) -> None:
+        if self.optimizer_state == "local":
+            return
+        bufs = [s["momentum_buffer"] for s in self.optimizer.state.values() if s.get("momentum_buffer") is not None]
+        if self.optimizer_state == "reset":
+            for s in self.optimizer.state.values():
+                s.pop("momentum_buffer", None)
+        elif bufs:
+            # All workers hold the same set of buffers (same params, same number of steps).
+            self._collective("momentum averaging", lambda: self.comm.all_reduce(bufs))
+            torch._foreach_div_(bufs, self.comm.world_size)
+            self.bytes_communicated += sum(b.numel() * b.element_size() for b in bufs)
+
+    # -- introspection and checkpoints ---------------------------------------------------------
+
+    @property
+    def numel(self) -> int:
+        """Number of elements averaged per round (parameters and buffers, weights excluded)."""
+        return sum(b.values.numel() for b in self._buckets)
+
+    @property
+    def flat_buffers(self) -> Sequence[torch.Tensor]:
+        return [b.flat for b in self._buckets]
+
+    def state_dict(self) -> dict:
+        return {
+            "period": self.period,
+            "warmup_steps": self.warmup_steps,
+            "step_count": self.step_count,
+            "rounds": self.rounds,
+            "bytes_communicated": self.bytes_communicated,
+            "nonfinite_rounds": self.nonfinite_rounds,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["period"] != self.period:
+            raise ValueError(f"Checkpoint period {state['period']} differs from this averager's period {self.period}")
+        self.warmup_steps = state["warmup_steps"]
+        self.step_count = state["step_count"]
+        self.rounds = state["rounds"]
+        self.bytes_communicated = state["bytes_communicated"]
+        self.nonfinite_rounds = state.get("nonfinite_rounds", 0)
+
+    def __repr__(self) -> str:
+        return (
+            f"PeriodicAverager(period={self.period}, numel={self.numel}, world_size={self.comm.world_size}, "
+            f"rounds={self.rounds})"
+        )

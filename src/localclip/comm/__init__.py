@@ -1,0 +1,19 @@
+"""Communication: one small interface, over torch.distributed or over simulated workers.
+
+Algorithms talk to peers only through :class:`Communicator` (``all_reduce``, ``broadcast``);
+:mod:`localclip.comm.distributed` implements it over a ``torch.distributed`` process group and
+:mod:`localclip.comm.simulated` over N worker threads of one process.
+"""
+
+from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, SingleProcess, current, use
+from localclip.comm.simulated import SimulatedCommunicator, SimulatedWorld
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Communicator",
+    "SingleProcess",
+    "SimulatedCommunicator",
+    "SimulatedWorld",
+    "current",
+    "use",
+]

@@ -1,0 +1,125 @@
+"""The communicator interface: the only collectives the algorithms may use.
+
+CELGC needs very little from the network: an all-reduce (sum or max) of a few tensors and a
+broadcast from rank 0. Keeping the interface this small lets one algorithm implementation run
+over a real `torch.distributed` process group and over N workers simulated in one process.
+
+Every collective is blocking and bounded by the communicator's timeout: a dead or stuck peer
+raises :class:`~localclip.errors.CommunicationError` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from localclip.errors import CommunicationError
+
+__all__ = ["Communicator", "SingleProcess", "current", "use"]
+
+DEFAULT_TIMEOUT = 300.0
+_REDUCE_OPS = ("sum", "max")
+
+
+class Communicator(abc.ABC):
+    """A group of ``world_size`` workers; this object is worker ``rank``'s handle on it.
+
+    Attributes:
+        rank: this worker's index in ``[0, world_size)``.
+        world_size: number of workers in the group.
+        timeout: seconds a collective may wait for its peers before it fails.
+    """
+
+    rank: int
+    world_size: int
+    timeout: float
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> None:
+        """Reduce each tensor elementwise across workers, in place, on every worker.
+
+        One call is one collective however many tensors it carries: implementations issue them
+        all before waiting on any.
+        """
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"Invalid reduce op: {op!r} (expected one of {_REDUCE_OPS})")
+        tensors = list(tensors)
+        if self.world_size == 1 or not tensors:
+            return
+        self._all_reduce(tensors, op)
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+        """Overwrite each tensor, on every worker, with worker ``src``'s copy."""
+        if not 0 <= src < self.world_size:
+            raise ValueError(f"Invalid broadcast source rank: {src} (world size {self.world_size})")
+        tensors = list(tensors)
+        if self.world_size == 1 or not tensors:
+            return
+        self._broadcast(tensors, src)
+
+    def barrier(self) -> None:
+        """Wait until every worker has reached this point."""
+        self.all_reduce([torch.zeros(1)])
+
+    @abc.abstractmethod
+    def _all_reduce(self, tensors: list[torch.Tensor], op: str) -> None: ...
+
+    @abc.abstractmethod
+    def _broadcast(self, tensors: list[torch.Tensor], src: int) -> None: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
+
+
+class SingleProcess(Communicator):
+    """A world of one worker: every collective is the identity."""
+
+    def __init__(self) -> None:
+        self.rank, self.world_size, self.timeout = 0, 1, DEFAULT_TIMEOUT
+
+    def _all_reduce(self, tensors, op):  # pragma: no cover - world_size 1 never gets here
+        raise AssertionError("unreachable")
+
+    def _broadcast(self, tensors, src):  # pragma: no cover
+        raise AssertionError("unreachable")
+
+
+# Simulated workers are threads of one process, so "the group this code runs in" is per thread.
+_local = threading.local()
+
+
+def use(comm: Communicator | None) -> None:
+    """Make ``comm`` the communicator that :func:`current` returns in this thread."""
+    _local.comm = comm
+
+
+def current() -> Communicator:
+    """The communicator of the calling worker.
+
+    In order: the one installed with :func:`use` (the simulated runtime does this per worker
+    thread), else the default ``torch.distributed`` group if it is initialised, else a world of
+    one.
+    """
+    comm = getattr(_local, "comm", None)
+    if comm is not None:
+        return comm
+    from localclip.comm import distributed
+
+    if distributed.is_initialized():
+        return distributed.ProcessGroupCommunicator()
+    return SingleProcess()
+
+
+def check_timeout(timeout: float) -> float:
+    if not timeout > 0:
+        raise ValueError(f"Invalid collective timeout: {timeout} (must be > 0 seconds)")
+    return float(timeout)
+
+
+def timeout_error(what: str, timeout: float, rank: int, cause: BaseException | None = None):
+    msg = f"rank {rank}: {what} did not complete within the {timeout:g}s collective timeout"
+    if cause is not None:
+        msg += f" ({type(cause).__name__}: {cause})"
+    return CommunicationError(msg)

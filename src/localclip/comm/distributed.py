@@ -1,0 +1,93 @@
+"""Communicator over a real `torch.distributed` process group (gloo on CPU, NCCL on GPU).
+
+This module and the launcher are the only places that import ``torch.distributed``. Averages are
+computed by the callers as a SUM followed by a division: gloo's AVG reduction is not supported
+everywhere and NCCL's differs between versions, while SUM is exact and universal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, check_timeout, timeout_error
+from localclip.errors import CommunicationError
+
+__all__ = ["ProcessGroupCommunicator", "init", "shutdown", "is_initialized"]
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def init(
+    *,
+    backend: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    store_path: str | os.PathLike | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> "ProcessGroupCommunicator":
+    """Initialise the default process group and return its communicator.
+
+    With ``store_path`` the workers meet through a ``FileStore`` (one machine, no ports);
+    without it, through the ``env://`` variables that ``torchrun`` sets. ``backend`` defaults to
+    NCCL when CUDA is available, else gloo.
+    """
+    timeout = check_timeout(timeout)
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    kwargs = dict(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+    if store_path is not None:
+        if rank is None or world_size is None:
+            raise ValueError("init with store_path needs rank and world_size")
+        store = dist.FileStore(os.fspath(store_path), world_size)
+        kwargs.update(store=store, rank=rank, world_size=world_size)
+    dist.init_process_group(**kwargs)
+    return ProcessGroupCommunicator(timeout=timeout)
+
+
+def shutdown() -> None:
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+class ProcessGroupCommunicator(Communicator):
+    """A worker's handle on a ``torch.distributed`` group (the default group unless given)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, timeout: float = DEFAULT_TIMEOUT):
+        if not is_initialized():
+            raise RuntimeError("torch.distributed is not initialised; call localclip.comm.distributed.init()")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.timeout = check_timeout(timeout)
+        self._timedelta = datetime.timedelta(seconds=self.timeout)
+
+    def _wait(self, works, what: str) -> None:
+        try:
+            for work in works:
+                if not work.wait(self._timedelta):
+                    raise TimeoutError(what)
+        except (RuntimeError, TimeoutError) as exc:
+            raise timeout_error(what, self.timeout, self.rank, exc) from exc
+
+    def _all_reduce(self, tensors, op):
+        try:
+            works = [dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True) for t in tensors]
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {self.rank}: all_reduce failed: {exc}") from exc
+        self._wait(works, f"all_reduce({op}) of {len(tensors)} tensor(s)")
+
+    def _broadcast(self, tensors, src):
+        src_global = dist.get_global_rank(self.group, src) if self.group is not None else src
+        try:
+            works = [dist.broadcast(t, src=src_global, group=self.group, async_op=True) for t in tensors]
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {self.rank}: broadcast failed: {exc}") from exc
+        self._wait(works, f"broadcast from rank {src}")

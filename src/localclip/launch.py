@@ -1,0 +1,162 @@
+"""Runtimes: how N workers come to exist — simulated threads, spawned processes, or torchrun.
+
+Each runtime calls the same worker function once per worker with that worker's communicator
+installed (:func:`localclip.comm.current` returns it), and returns the results by rank:
+
+* ``simulate`` — N threads of this process taking turns (:class:`~localclip.comm.SimulatedWorld`);
+* ``spawn`` — N fresh processes on this machine joined into a gloo group through a ``FileStore``
+  in a temporary folder (no ports), the CPU threads split between them;
+* ``torchrun`` — this process is one worker of a group that ``torchrun`` set up (``env://``),
+  gloo or NCCL, one or many nodes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from localclip.comm import DEFAULT_TIMEOUT, SimulatedWorld, use
+from localclip.errors import CommunicationError, ConfigError
+
+__all__ = ["RUNTIMES", "run_workers", "simulate", "spawn", "torchrun"]
+
+RUNTIMES = ("simulate", "spawn", "torchrun")
+
+
+def simulate(fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT, **kwargs) -> list:
+    return SimulatedWorld(world_size, timeout=timeout).run(fn, *args, **kwargs)
+
+
+def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backend, fn, args, kwargs):
+    from localclip.comm import distributed
+
+    torch.set_num_threads(threads)
+    comm = None
+    try:
+        comm = distributed.init(backend=backend, rank=rank, world_size=world_size, store_path=store, timeout=timeout)
+        use(comm)
+        result = fn(*args, **kwargs)
+        payload = ("ok", result)
+    except BaseException as exc:  # noqa: BLE001 - shipped to the parent with its traceback
+        payload = ("error", (type(exc).__name__, str(exc), traceback.format_exc(), _picklable(exc)))
+    finally:
+        use(None)
+    tmp = Path(result_dir) / f".rank{rank}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f)
+    os.replace(tmp, Path(result_dir) / f"rank{rank}.pkl")
+    # Skip destroy_process_group after a failure: it can block on peers that are gone.
+    if payload[0] == "ok" and comm is not None:
+        distributed.shutdown()
+
+
+def _picklable(exc: BaseException):
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def spawn(
+    fn: Callable,
+    world_size: int,
+    *args,
+    timeout: float = DEFAULT_TIMEOUT,
+    join_timeout: float | None = None,
+    backend: str = "gloo",
+    threads_per_worker: int | None = None,
+    **kwargs,
+) -> list:
+    """Run ``fn(*args, **kwargs)`` in ``world_size`` new processes joined in a gloo group.
+
+    ``fn`` must be importable (a module-level function). The group meets through a FileStore in
+    a temporary folder, so parallel runs never collide on a port. Raises the first failing
+    worker's exception (re-created with its rank and traceback in the message), and
+    :class:`~localclip.errors.CommunicationError` if the workers do not all finish within
+    ``join_timeout`` seconds (default: no limit beyond each collective's ``timeout``).
+    """
+    if threads_per_worker is None:
+        threads_per_worker = max(1, (os.cpu_count() or 1) // world_size)
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="localclip-spawn-") as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(
+                target=_spawned_worker,
+                args=(r, world_size, store, tmp, threads_per_worker, timeout, backend, fn, args, kwargs),
+                name=f"localclip-worker-{r}",
+                daemon=False,
+            )
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        deadline = None if join_timeout is None else time.monotonic() + join_timeout
+        try:
+            for p in procs:
+                p.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finally:
+            alive = [r for r, p in enumerate(procs) if p.is_alive()]
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        results, errors = [], []
+        for r, p in enumerate(procs):
+            path = Path(tmp) / f"rank{r}.pkl"
+            if not path.exists():
+                errors.append((r, None, f"worker exited with code {p.exitcode} and no result"))
+                results.append(None)
+                continue
+            status, value = pickle.loads(path.read_bytes())
+            if status == "ok":
+                results.append(value)
+            else:
+                errors.append((r, value[3], f"{value[0]}: {value[1]}\n{value[2]}"))
+                results.append(None)
+    if alive:
+        raise CommunicationError(f"ranks {alive} did not finish within {join_timeout:g}s and were killed")
+    if errors:
+        # Report the root cause: a worker that failed on its own, not one whose peer vanished.
+        errors.sort(key=lambda e: isinstance(e[1], CommunicationError))
+        rank, exc, text = errors[0]
+        if isinstance(exc, BaseException):
+            exc.args = (f"rank {rank}: {exc}",) if len(exc.args) <= 1 else exc.args
+            raise exc
+        raise CommunicationError(f"rank {rank} failed: {text}")
+    return results
+
+
+def torchrun(fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT, backend: str | None = None, **kwargs):
+    """Join the group that ``torchrun`` set up and run ``fn`` as this process's worker."""
+    from localclip.comm import distributed
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise ConfigError("--runtime torchrun: RANK/WORLD_SIZE are not set; start this command with torchrun")
+    comm = distributed.init(backend=backend, timeout=timeout)
+    use(comm)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        use(None)
+        distributed.shutdown()
+
+
+def run_workers(runtime: str, fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT, **kwargs):
+    """Dispatch to a runtime by name; returns the list of per-rank results (this rank's only under torchrun)."""
+    if runtime == "simulate":
+        return simulate(fn, world_size, *args, timeout=timeout, **kwargs)
+    if runtime == "spawn":
+        return spawn(fn, world_size, *args, timeout=timeout, **kwargs)
+    if runtime == "torchrun":
+        return [torchrun(fn, *args, timeout=timeout, **kwargs)]
+    raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(RUNTIMES)})")

@@ -1,0 +1,51 @@
+"""Schedules for the clipping parameter: keep γ tied to the learning rate.
+
+The paper's step decay multiplies lr and γ by the same factor, so the clip threshold on the
+gradient, γ/η, stays fixed. PyTorch's lr schedulers only know ``lr``; :class:`GammaFollowsLR`
+restores the coupling after any of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["GammaFollowsLR"]
+
+
+class GammaFollowsLR:
+    """Keep each group's ``gamma / lr`` at its value when this object was made.
+
+    Call :meth:`step` after the lr scheduler's ``step()``::
+
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[80, 120], gamma=0.1)
+        coupling = GammaFollowsLR(opt)
+        for epoch in ...:
+            train(...)
+            scheduler.step()
+            coupling.step()  # gamma ← (gamma0 / lr0) · lr, the paper's step decay
+
+    Groups with ``gamma = inf`` stay unclipped. The ratios are part of :meth:`state_dict`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.ratios = []
+        for group in optimizer.param_groups:
+            if "gamma" not in group:
+                raise ValueError("GammaFollowsLR needs an optimizer whose groups have a 'gamma' (e.g. ClippedSGD)")
+            lr, gamma = group["lr"], group["gamma"]
+            if lr <= 0 and math.isfinite(gamma):
+                raise ValueError(f"Invalid learning rate for GammaFollowsLR: {lr} (gamma/lr undefined)")
+            self.ratios.append(math.inf if math.isinf(gamma) else gamma / lr)
+
+    def step(self) -> None:
+        for group, ratio in zip(self.optimizer.param_groups, self.ratios):
+            group["gamma"] = ratio * group["lr"] if math.isfinite(ratio) else math.inf
+
+    def state_dict(self) -> dict:
+        return {"ratios": list(self.ratios)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ratios = list(state["ratios"])

@@ -1,0 +1,72 @@
+"""Worker functions for multi-process tests (spawned processes must import them by name)."""
+
+import time
+
+import torch
+
+import localclip
+from localclip.comm import current
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
+
+
+def fixed_batches(rank, steps, batch=8, seed=123):
+    gen = torch.Generator().manual_seed(seed + 1000 * rank)
+    return [(torch.randn(batch, 6, generator=gen), torch.randint(0, 3, (batch,), generator=gen)) for _ in range(steps)]
+
+
+def train_celgc(steps=7, period=3, lr=0.5, gamma=0.05, clip_mode="local", momentum=0.0, algorithm="celgc"):
+    """A few CELGC steps on fixed per-rank data; returns the final state and counters."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        comm = current()
+        model = tiny_model(seed=comm.rank)  # different inits: the initial broadcast must fix that
+        if algorithm == "naive":
+            opt = localclip.NaiveParallelClipping(model, lr=lr, gamma=gamma, momentum=momentum)
+        else:
+            opt = localclip.CELGC(model, lr=lr, gamma=gamma, period=period, clip_mode=clip_mode, momentum=momentum)
+        for x, y in fixed_batches(comm.rank, steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        opt.average()
+        return {
+            "state": {k: v.clone() for k, v in model.state_dict().items()},
+            "rounds": opt.rounds,
+            "bytes": opt.bytes_communicated,
+            "clipped": int(opt.optimizer.clipped_steps),
+        }
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def collectives():
+    comm = current()
+    x = torch.full((3,), float(comm.rank + 1))
+    comm.all_reduce([x])
+    m = torch.tensor([float(comm.rank)])
+    comm.all_reduce([m], op="max")
+    b = torch.tensor([float(comm.rank)])
+    comm.broadcast([b], src=comm.world_size - 1)
+    return x.tolist(), m.item(), b.item()
+
+
+def stall_rank(rank_to_stall=1, seconds=30.0):
+    """Every rank but one enters an all-reduce; the other sleeps, so the collective times out."""
+    comm = current()
+    if comm.rank == rank_to_stall:
+        time.sleep(seconds)
+        return "slept"
+    comm.all_reduce([torch.ones(2)])
+    return "reduced"
+
+
+def fail_on_rank(rank_to_fail=1):
+    comm = current()
+    if comm.rank == rank_to_fail:
+        raise ValueError("boom on purpose")
+    comm.all_reduce([torch.ones(2)])
+    return "ok"
