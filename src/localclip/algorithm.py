@@ -61,7 +61,7 @@ class DistributedAlgorithm(torch.optim.Optimizer):
 
     @property
     def rounds(self) -> int:
-        """Communication rounds: steps at which this worker talked to its peers."""
+        """Communication rounds: collectives issued (model averages and gradient all-reduces)."""
         return self.averager.rounds + self._extra_reductions
 
     @property
@@ -95,6 +95,7 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         except CommunicationError as exc:
             raise CommunicationError(f"{what} at step {self.optimizer.steps + 1}: {exc}") from exc
         torch._foreach_div_(tensors, self.comm.world_size)
+        self._extra_reductions += 1
         self._extra_bytes += sum(t.numel() * t.element_size() for t in tensors)
 
     def __repr__(self) -> str:
@@ -234,7 +235,6 @@ class NaiveParallelClipping(DistributedAlgorithm):
         if self.comm.world_size > 1:
             params, flat = _flat_grads(p for g in self.param_groups for p in g["params"])
             self._reduce_mean([flat], "gradient averaging")
-            self._extra_reductions += 1
             offset = 0
             for p in params:
                 n = p.grad.numel()
