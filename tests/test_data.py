@@ -395,3 +395,17 @@ def test_vocabulary_encode_decode():
     with pytest.raises(KeyError, match="'z'"):
         v.encode(["z"])
     assert v.encode(["z"], add=True).tolist() == [2] and len(v) == 3
+
+
+@needs_shared
+def test_paper_sharding_of_the_real_corpora(real_corpus):
+    from localclip.data.sharding import worker_shard
+
+    # §4: N = 8 workers; PTB b = 3 (global 24), WikiText-2 b = 10 (global 80).
+    n, b = 8, {"ptb": 3, "wikitext2": 10}[real_corpus.name]
+    steps = real_corpus.train.numel() // (n * b)
+    shards = [worker_shard(real_corpus.train, rank=r, world_size=n, batch_size=b) for r in range(n)]
+    assert {s.shape for s in shards} == {(steps, b)}
+    assert {"ptb": 38_732, "wikitext2": 26_107}[real_corpus.name] == steps
+    flat = torch.cat([s.t().reshape(-1) for s in shards])
+    assert torch.equal(flat, real_corpus.train[: steps * n * b])  # streams in corpus order

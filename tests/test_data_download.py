@@ -72,6 +72,7 @@ def test_download_ptb_from_a_mirror(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["test.txt", "train.txt", "valid.txt"]
     for name, sha in CORPORA["ptb"].sha256.items():
         assert file_sha256(folder / name) == sha
+        assert (folder / name).stat().st_mode & 0o444 == 0o444  # readable by every user
     assert any("ptb.train.txt" in m for m in messages)
     assert load_corpus("ptb", root).train.numel() == 929_589
 
