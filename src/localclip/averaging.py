@@ -18,23 +18,12 @@ import torch
 from torch import nn
 
 from localclip.comm import Communicator, current
+from localclip.data.sharding import sample_participants
 from localclip.errors import CommunicationError
 
 __all__ = ["PeriodicAverager", "OPTIMIZER_STATE_MODES", "sample_participants"]
 
 OPTIMIZER_STATE_MODES = ("local", "average", "reset")
-
-
-def sample_participants(world_size: int, k: int, round_index: int, seed: int) -> list[int]:
-    """The ``k`` ranks that take part in round ``round_index``: the same list on every worker.
-
-    Drawn from a generator seeded by ``(seed, round_index)`` alone, so no communication is needed
-    to agree on it and a resumed run draws the same participants.
-    """
-    if not 1 <= k <= world_size:
-        raise ValueError(f"Invalid number of participants: {k} (must be in [1, {world_size}])")
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + round_index) % (2**63))
-    return sorted(torch.randperm(world_size, generator=gen)[:k].tolist())
 
 
 class _FlatBucket:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import threading
+import time
 from collections.abc import Sequence
 
 import torch
@@ -36,6 +37,13 @@ class Communicator(abc.ABC):
     rank: int
     world_size: int
     timeout: float
+    waited: float = 0.0  # seconds inside collectives that were not communication (simulation)
+    _busy: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """Wall-clock seconds spent communicating in collectives so far."""
+        return self._busy - self.waited
 
     def all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> None:
         """Reduce each tensor elementwise across workers, in place, on every worker.
@@ -48,7 +56,11 @@ class Communicator(abc.ABC):
         tensors = list(tensors)
         if self.world_size == 1 or not tensors:
             return
-        self._all_reduce(tensors, op)
+        start = time.perf_counter()
+        try:
+            self._all_reduce(tensors, op)
+        finally:
+            self._busy += time.perf_counter() - start
 
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Overwrite each tensor, on every worker, with worker ``src``'s copy."""
@@ -57,7 +69,11 @@ class Communicator(abc.ABC):
         tensors = list(tensors)
         if self.world_size == 1 or not tensors:
             return
-        self._broadcast(tensors, src)
+        start = time.perf_counter()
+        try:
+            self._broadcast(tensors, src)
+        finally:
+            self._busy += time.perf_counter() - start
 
     def barrier(self) -> None:
         """Wait until every worker has reached this point."""

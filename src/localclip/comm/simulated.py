@@ -59,7 +59,6 @@ class SimulatedWorld:
         self._collectives: dict[int, _Collective] = {}
         self._rng: list[tuple | None] = [None] * world_size
         self._failure: tuple[int, BaseException] | None = None
-        self._last_progress = time.monotonic()
 
     def communicator(self, rank: int) -> "SimulatedCommunicator":
         if not 0 <= rank < self.world_size:
@@ -125,19 +124,16 @@ class SimulatedWorld:
             later = [r for r in alive if r > rank]
             if later or alive:
                 self._turn = (later or alive)[0]
-            self._last_progress = time.monotonic()
             self._cond.notify_all()
 
     def _wait_until(self, rank: int, ready: Callable[[], bool], what: str) -> None:
+        # No timeout here: while one worker holds the baton the others must wait however long it
+        # computes (an evaluation, a checkpoint). A simulated world cannot hang silently anyway:
+        # a worker that leaves early or calls a different collective is reported as an error.
         while not ready():
             if self._failure is not None:
                 raise _WorkerFailed()
-            if time.monotonic() - self._last_progress > self.timeout:
-                raise CommunicationError(
-                    f"simulated rank {rank}: waited for {what} longer than the "
-                    f"{self.timeout:g}s collective timeout with no worker making progress"
-                )
-            self._cond.wait(min(1.0, self.timeout))
+            self._cond.wait(1.0)
 
     def _finish(self, rank: int) -> None:
         with self._cond:
@@ -159,7 +155,8 @@ class SimulatedWorld:
 
     # -- collectives -------------------------------------------------------------------------
 
-    def collective(self, rank: int, kind: str, tensors: list[torch.Tensor]) -> None:
+    def collective(self, rank: int, kind: str, tensors: list[torch.Tensor]) -> float:
+        """Take part in the next collective; returns the seconds spent waiting for the others."""
         seq = self._next_seq[rank]
         self._next_seq[rank] += 1
         shapes = [(t.shape, t.dtype) for t in tensors]
@@ -174,11 +171,13 @@ class SimulatedWorld:
         if len(coll.arrived) == self.world_size:
             self._complete(coll)
             del self._collectives[seq]
-            return
+            return 0.0
+        start = time.perf_counter()
         self._pass_on(rank)
         with self._cond:
             self._wait_until(rank, lambda: coll.done and self._turn == rank, f"collective #{seq} ({kind})")
         self._acquire(rank)
+        return time.perf_counter() - start
 
     @staticmethod
     @torch.no_grad()
@@ -206,9 +205,12 @@ class SimulatedCommunicator(Communicator):
     def __init__(self, world: SimulatedWorld, rank: int):
         self.world, self.rank = world, rank
         self.world_size, self.timeout = world.world_size, world.timeout
+        self.waited = 0.0
 
+    # Time spent waiting for the other simulated workers' turns is their compute, not
+    # communication: it is left out of ``seconds``.
     def _all_reduce(self, tensors, op):
-        self.world.collective(self.rank, f"all_reduce:{op}", tensors)
+        self.waited += self.world.collective(self.rank, f"all_reduce:{op}", tensors)
 
     def _broadcast(self, tensors, src):
-        self.world.collective(self.rank, f"broadcast:{src}", tensors)
+        self.waited += self.world.collective(self.rank, f"broadcast:{src}", tensors)

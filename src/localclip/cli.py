@@ -1,0 +1,172 @@
+"""The ``localclip`` command: ``train``, ``recipes``, ``data download`` (and ``plot``).
+
+Flags map onto :class:`~localclip.train.config.TrainConfig` fields; every user error is one line
+on stderr naming the problem, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+
+from localclip.errors import LocalclipError
+
+__all__ = ["main"]
+
+
+def _positive_int(flag):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {flag} value: {text!r} (expected an integer >= 1)") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"invalid {flag} value: {value} (expected an integer >= 1)")
+        return value
+
+    return parse
+
+
+def _positive_float(flag, allow_inf=False):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {flag} value: {text!r} (expected a number > 0)") from None
+        if not value > 0 or math.isnan(value) or (math.isinf(value) and not allow_inf):
+            raise argparse.ArgumentTypeError(f"invalid {flag} value: {text} (expected a {'number > 0 or inf' if allow_inf else 'finite number > 0'})")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a recipe", description="Train a recipe; flags override the recipe's settings.")
+    train.add_argument("recipe", help="a recipe name (see `localclip recipes`)")
+    train.add_argument("--workers", type=_positive_int("--workers"), help="number of workers N")
+    train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group")
+    train.add_argument("--algorithm", choices=["celgc", "naive", "local-sgd", "single"])
+    train.add_argument("--period", type=_positive_int("--period"), help="communication period I")
+    train.add_argument("--epochs", type=_positive_float("--epochs"))
+    train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker")
+    train.add_argument("--lr", type=_positive_float("--lr"), help="step size η")
+    train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help="clipping parameter γ (inf: no clipping)")
+    train.add_argument("--seed", type=int)
+    train.add_argument("--data-root", help="folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
+    train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones")
+    train.add_argument("--out", help="run folder (default: runs/RECIPE-ALGORITHM-nN-iI-sSEED)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field (repeatable)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    recipes = sub.add_parser("recipes", help="list the recipes, one line each")
+    recipes.add_argument("--fields", action="store_true", help="also list the config fields --set accepts")
+
+    data = sub.add_parser("data", help="manage corpora")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    download = data_sub.add_parser("download", help="download a corpus and verify its SHA-256")
+    download.add_argument("corpus", choices=["ptb", "wikitext2"])
+    download.add_argument("--data-root", help="destination root (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
+    download.add_argument("--force", action="store_true", help="replace files whose checksum differs")
+
+    plot = sub.add_parser("plot", help="plot runs")
+    plot.add_argument("runs", nargs="+", help="run folders")
+    plot.add_argument("--out", required=True, help="output image (PNG)")
+    plot.add_argument("--bandwidth", type=_positive_float("--bandwidth"), default=1e9, help="modelled link bandwidth in bit/s (default 1e9)")
+    plot.add_argument("--latency", type=float, default=50e-6, help="modelled per-round latency in seconds (default 50e-6)")
+    return parser
+
+
+def _train(args) -> int:
+    from localclip.recipes import get_recipe
+    from localclip.train import apply_overrides, run_training
+
+    config = get_recipe(args.recipe)
+    flags = {
+        "workers": args.workers, "algorithm": args.algorithm, "period": args.period, "epochs": args.epochs,
+        "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
+    }
+    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    if args.allow_custom_corpus:
+        config = dataclasses.replace(config, allow_custom_corpus=True)
+    config = apply_overrides(config, args.overrides)
+    resolved = config.resolved()
+    if resolved.task == "lm" and args.runtime != "torchrun":
+        _ensure_corpus(resolved)
+    out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
+    summary = run_training(config, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
+    if summary is not None:
+        keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
+        print(f"run: {out}")
+        print("  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))
+    return 0
+
+
+def _ensure_corpus(config) -> None:
+    """Fetch a missing known corpus on first use (saying what and where); offline, fail clearly."""
+    from localclip import data
+    from localclip.errors import DataError
+
+    if config.dataset not in data.CORPORA:
+        return
+    folder = data.corpus_path(config.dataset, config.data_root)
+    if all((folder / f).is_file() for f in ("train.txt", "valid.txt", "test.txt")):
+        return
+    root = data.resolve_data_root(config.data_root)
+    print(f"localclip: {config.dataset} is not in {folder}; downloading it there (SHA-256 verified)...", file=sys.stderr)
+    try:
+        data.download_corpus(config.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
+    except DataError as exc:
+        raise DataError(f"{config.dataset} is missing from {folder} and could not be downloaded: {exc}") from None
+
+
+def _recipes(args) -> int:
+    from localclip.recipes import describe
+    from localclip.train import TrainConfig
+
+    for line in describe():
+        print(line)
+    if args.fields:
+        print("\nconfig fields (--set KEY=VALUE):")
+        for f in dataclasses.fields(TrainConfig):
+            print(f"  {f.name} = {getattr(TrainConfig(), f.name)!r}")
+    return 0
+
+
+def _data(args) -> int:
+    from localclip import data
+
+    path = data.download_corpus(args.corpus, args.data_root, force=args.force)
+    print(f"{args.corpus}: verified in {path}")
+    return 0
+
+
+def _plot(args) -> int:
+    from localclip.plot import plot_runs
+
+    plot_runs(args.runs, args.out, bandwidth=args.bandwidth, latency=args.latency)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot}
+    try:
+        return commands[args.command](args)
+    except LocalclipError as exc:
+        print(f"localclip: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("localclip: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

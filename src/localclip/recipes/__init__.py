@@ -1,0 +1,92 @@
+"""Experiment recipes: plain functions returning a :class:`~localclip.train.config.TrainConfig`.
+
+Each recipe is documented by its docstring (its first line is what ``localclip recipes``
+prints); recipes derive from each other with ``dataclasses.replace``. The paper's settings are
+in ALGORITHM.md §4–5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from localclip.errors import ConfigError
+from localclip.train.config import TrainConfig
+
+__all__ = ["RECIPES", "get_recipe", "recipe"]
+
+RECIPES: dict[str, Callable[[], TrainConfig]] = {}
+
+
+def recipe(name: str):
+    def register(fn):
+        RECIPES[name] = fn
+        return fn
+
+    return register
+
+
+def get_recipe(name: str) -> TrainConfig:
+    if name not in RECIPES:
+        raise ConfigError(f"Unknown recipe {name!r}; available: {', '.join(sorted(RECIPES))} (see `localclip recipes`)")
+    return RECIPES[name]()
+
+
+@recipe("ptb-small")
+def ptb_small() -> TrainConfig:
+    """PTB, 2-layer 200-unit tied LSTM, 4 workers, I=8: a CELGC run that fits a 2-core CPU."""
+    return TrainConfig(
+        task="lm", dataset="ptb", model="lstm",
+        model_options=dict(emb_size=200, hidden_size=200, num_layers=2, dropout=0.0, tie_weights=True),
+        algorithm="celgc", workers=4, period=8, lr=20.0, gamma=5.0, batch_size=5,
+        epochs=1.0, bptt=35, eval_bptt=35, eval_batch_size=10, test_batch_size=2,
+        seed=2020, log_interval=50, checkpoint_interval=200,
+    )
+
+
+@recipe("ptb-awd")
+def ptb_awd() -> TrainConfig:
+    """PTB, AWD-LSTM (24M params), N=8, b=3, η=30, γ=7.5, I=2, 250 epochs: the paper's setting (GPUs)."""
+    return TrainConfig(
+        task="lm", dataset="ptb", model="awd_lstm",
+        model_options=dict(emb_size=400, hidden_size=1150, num_layers=3, dropout=0.4, dropout_h=0.25,
+                           dropout_i=0.4, dropout_e=0.1, weight_drop=0.5, tie_weights=True),
+        algorithm="celgc", workers=8, period=2, lr=30.0, gamma=7.5, weight_decay=1.2e-6, batch_size=3,
+        epochs=250.0, bptt=70, variable_bptt=True, eval_bptt=70, ar_alpha=2.0, tar_beta=1.0,
+        eval_batch_size=10, test_batch_size=2, asgd_patience=5, seed=2020, log_interval=200,
+        checkpoint_interval=1000,
+    )
+
+
+@recipe("wt2-awd")
+def wt2_awd() -> TrainConfig:
+    """WikiText-2, AWD-LSTM, N=8, b=10, η=30, γ=7.5, I=2, 300 epochs: the paper's setting (GPUs)."""
+    cfg = ptb_awd()
+    return dataclasses.replace(
+        cfg, dataset="wikitext2", batch_size=10, epochs=300.0, seed=1882,
+        model_options={**cfg.model_options, "dropout_h": 0.2},
+    )
+
+
+@recipe("fmnist-resnet")
+def fmnist_resnet() -> TrainConfig:
+    """Fashion-MNIST, ResNet-8 with BatchNorm, N=8, b=16, η=0.1, γ=1 (the paper's CIFAR-10 step), I=8."""
+    return TrainConfig(
+        task="image", dataset="fashion-mnist", model="resnet8", algorithm="celgc", workers=8, period=8,
+        lr=0.1, gamma=1.0, weight_decay=5e-4, batch_size=16, epochs=2.0, seed=2020,
+        log_interval=50, checkpoint_interval=500,
+    )
+
+
+@recipe("cifar10-resnet32")
+def cifar10_resnet32() -> TrainConfig:
+    """CIFAR-10, ResNet-32, N=8, b=16, η=0.1, γ=1, wd 5e-4, decay ×0.1 at 80/120 of 160 epochs (needs torchvision)."""
+    return dataclasses.replace(
+        fmnist_resnet(), dataset="cifar10", model="resnet32", epochs=160.0, lr_decay_epochs=[80, 120],
+    )
+
+
+def describe() -> list[str]:
+    return [f"{name:18s} {(fn.__doc__ or '').strip().splitlines()[0]}" for name, fn in sorted(RECIPES.items())]
+
+

@@ -1,0 +1,238 @@
+"""The training configuration: one typed dataclass, its validation, and ``--set`` overrides.
+
+Recipes (:mod:`localclip.recipes`) return a :class:`TrainConfig`; the CLI applies flags and
+``--set KEY=VALUE`` overrides to it; the resolved config is written to ``config.json`` of the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+
+from localclip.errors import ConfigError
+
+__all__ = ["TrainConfig", "ALGORITHMS", "apply_overrides", "config_from_dict"]
+
+ALGORITHMS = ("celgc", "naive", "local-sgd", "single")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on. Fields are grouped as the training loop uses them."""
+
+    # -- workload --
+    task: str = "lm"
+    """``lm`` (word-level language model) or ``image`` (image classification)."""
+    dataset: str = "ptb"
+    """``ptb`` or ``wikitext2`` for ``lm``; ``fashion-mnist`` or ``cifar10`` for ``image``."""
+    model: str = "lstm"
+    """``lstm`` (small LSTM), ``awd_lstm``, or ``resnetD`` (D in 8, 14, 20, 32, 44, 56)."""
+    model_options: dict = field(default_factory=dict)
+    """Keyword arguments of the model constructor (sizes, dropouts, tying)."""
+
+    # -- algorithm --
+    algorithm: str = "celgc"
+    """``celgc``, ``naive`` (gradients averaged every step, then clipped), ``local-sgd`` (CELGC
+    with γ = ∞) or ``single`` (one worker)."""
+    workers: int = 4
+    """N, the number of workers (``single`` forces 1)."""
+    period: int = 8
+    """I, the communication period in local steps (``celgc`` and ``local-sgd``)."""
+    lr: float = 20.0
+    """η, the step size."""
+    gamma: float = 5.0
+    """γ, the clipping parameter: a step is at most γ long (``inf`` disables clipping)."""
+    clip_mode: str = "local"
+    """``local`` (the paper's), ``global_average``, ``max`` or ``none``."""
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 5
+    """b, the per-worker batch size (the global batch is N·b)."""
+    optimizer_state: str = "local"
+    """What happens to momentum buffers at a round: ``local``, ``average`` or ``reset``."""
+    average_buffers: bool = True
+    """Average floating-point buffers (BatchNorm statistics) with the parameters."""
+
+    # -- schedule --
+    epochs: float = 1.0
+    """Passes of the whole system over the training set (fractions allowed)."""
+    max_steps: int | None = None
+    """Stop after this many local steps per worker (then evaluate as at the end of training)."""
+    lr_decay_epochs: list = field(default_factory=list)
+    """Epochs at which lr and γ are multiplied by ``lr_decay`` (the paper's step decay)."""
+    lr_decay: float = 0.1
+
+    # -- language models --
+    bptt: int = 35
+    """Base sequence length of truncated back-propagation through time."""
+    variable_bptt: bool = False
+    """AWD-LSTM's random sequence lengths, lr and γ scaled by seq_len / bptt."""
+    ar_alpha: float = 0.0
+    """Activation regularisation weight α (AWD-LSTM uses 2)."""
+    tar_beta: float = 0.0
+    """Temporal activation regularisation weight β (AWD-LSTM uses 1)."""
+    eval_batch_size: int = 10
+    test_batch_size: int = 2
+    eval_bptt: int | None = None
+    """Sequence length for evaluation (default: bptt)."""
+    eval_tokens: int | None = None
+    """Evaluate on only the first N tokens of each split (smoke tests); default all."""
+    asgd_patience: int = 0
+    """After validation has not improved for this many epochs, evaluate the running average of
+    end-of-epoch weights (AWD-LSTM's NT-ASGD-like average, 5 in the paper); 0 disables."""
+
+    # -- scenarios --
+    heterogeneous: bool = False
+    """Each worker keeps its own shard (no rotation) instead of rotating shards every epoch."""
+    participants: int | None = None
+    """Partial participation: K of N workers are averaged each round."""
+    similarity: float = 0.0
+    """Heterogeneous image data: fraction of each worker's data drawn iid, the rest label-sorted."""
+
+    # -- bookkeeping --
+    seed: int = 2020
+    log_interval: int = 50
+    """Steps between ``metrics.jsonl`` training records."""
+    eval_interval: int = 0
+    """Steps between mid-epoch validations (0: at the end of each epoch only)."""
+    checkpoint_interval: int = 200
+    """Steps between checkpoints (also one at the end of every epoch)."""
+    timeout: float = 300.0
+    """Seconds a collective may wait for peers before the run fails."""
+    on_nonfinite: str = "skip"
+    """``skip``: a NaN/Inf gradient skips the step and a worker with NaN/Inf parameters is left
+    out of the average; ``raise``: stop with an error."""
+    data_root: str | None = None
+    allow_custom_corpus: bool = False
+    threads: int | None = None
+    """Torch intra-op threads per process (default: the machine's cores, split among spawned
+    workers)."""
+
+    def validate(self) -> "TrainConfig":
+        def bad(name, why):
+            raise ConfigError(f"Invalid {name}: {getattr(self, name)!r} ({why})")
+
+        if self.task not in ("lm", "image"):
+            bad("task", "expected lm or image")
+        if self.algorithm not in ALGORITHMS:
+            bad("algorithm", f"expected one of {', '.join(ALGORITHMS)}")
+        for name in ("workers", "period", "batch_size", "bptt", "eval_batch_size", "test_batch_size", "log_interval", "checkpoint_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                bad(name, "must be an integer >= 1")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            bad("lr", "must be a positive number")
+        if not self.gamma > 0:
+            bad("gamma", "must be > 0; inf disables clipping")
+        if self.clip_mode not in ("local", "global_average", "max", "none"):
+            bad("clip_mode", "expected local, global_average, max or none")
+        if not 0 <= self.momentum < 1:
+            bad("momentum", "must be in [0, 1)")
+        if not self.weight_decay >= 0:
+            bad("weight_decay", "must be >= 0")
+        if not self.epochs > 0:
+            bad("epochs", "must be > 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            bad("max_steps", "must be >= 1")
+        if self.participants is not None and not 1 <= self.participants <= self.workers:
+            bad("participants", f"must be in [1, workers={self.workers}]")
+        if self.on_nonfinite not in ("skip", "raise"):
+            bad("on_nonfinite", "expected skip or raise")
+        if not self.timeout > 0:
+            bad("timeout", "must be > 0 seconds")
+        if self.optimizer_state not in ("local", "average", "reset"):
+            bad("optimizer_state", "expected local, average or reset")
+        if self.eval_interval < 0 or self.asgd_patience < 0:
+            bad("eval_interval" if self.eval_interval < 0 else "asgd_patience", "must be >= 0")
+        return self
+
+    def resolved(self) -> "TrainConfig":
+        """The config as it will run: ``single`` means one worker, ``local-sgd`` means γ = ∞."""
+        cfg = dataclasses.replace(self, model_options=dict(self.model_options), lr_decay_epochs=list(self.lr_decay_epochs))
+        if cfg.algorithm == "single":
+            cfg.workers = 1
+            cfg.participants = None
+        if cfg.algorithm == "local-sgd":
+            cfg.gamma = math.inf
+        return cfg.validate()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        # json writes inf as Infinity, which Python's json reads back.
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def _fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def config_from_dict(data: dict) -> TrainConfig:
+    fields = _fields()
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"Unknown config key(s): {', '.join(unknown)}")
+    return TrainConfig(**data)
+
+
+def _coerce(name: str, text: str, annotation) -> object:
+    """Parse ``text`` as the type of config field ``name``."""
+    hint = typing.get_type_hints(TrainConfig)[name]
+    origin = typing.get_origin(hint)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    optional = type(None) in typing.get_args(hint)
+    if optional and text.lower() in ("none", "null", ""):
+        return None
+    base = args[0] if origin is typing.Union or (origin is not None and str(origin) == "types.UnionType") else hint
+    if optional and args:
+        base = args[0]
+    try:
+        if base is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if base is int:
+            return int(text)
+        if base is float:
+            return float(text)
+        if base is str:
+            return text
+        if base in (dict, list) or typing.get_origin(base) in (dict, list):
+            value = json.loads(text)
+            if not isinstance(value, base if base in (dict, list) else typing.get_origin(base)):
+                raise ValueError(f"expected a JSON {base.__name__}")
+            return value
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"Invalid value for {name}: {text!r} ({exc})") from None
+    raise ConfigError(f"Cannot set {name} from the command line")
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """Apply ``KEY=VALUE`` strings (``--set``); ``model_options.KEY=VALUE`` sets one model option."""
+    fields = _fields()
+    changes: dict = {}
+    model_options = dict(config.model_options)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"Invalid --set {item!r}: expected KEY=VALUE")
+        if key.startswith("model_options."):
+            sub = key.split(".", 1)[1]
+            try:
+                model_options[sub] = json.loads(value)
+            except json.JSONDecodeError:
+                model_options[sub] = value
+            continue
+        if key not in fields:
+            close = [f for f in fields if key.replace("-", "_") == f]
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"Unknown config key in --set: {key!r}{hint} (see `localclip recipes --fields`)")
+        changes[key] = _coerce(key, value, fields[key].type)
+    return dataclasses.replace(config, model_options=model_options, **changes)

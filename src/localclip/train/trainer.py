@@ -1,0 +1,349 @@
+"""The training loop: one worker's run, the same under every runtime.
+
+:meth:`Trainer.train` owns the schedule (epochs, evaluation, logging, checkpoints);
+:meth:`Trainer.train_step` owns one step (forward, backward, the algorithm's step). Every worker
+runs the same code; rank 0 alone writes the run folder. Metrics that need all workers (mean
+training loss, clip fraction) are summed with one small all-reduce at log steps, which every
+worker reaches at the same step.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import numpy as np
+import torch
+
+from localclip.algorithm import CELGC, NaiveParallelClipping
+from localclip.comm import current
+from localclip.errors import ConfigError
+from localclip.train.config import TrainConfig
+from localclip.train.run_folder import RunFolder
+from localclip.train.workloads import make_workload
+
+__all__ = ["Trainer", "run_worker", "build_algorithm"]
+
+
+def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
+    common = dict(
+        momentum=config.momentum, weight_decay=config.weight_decay, group=comm,
+        average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
+        skip_nonfinite=config.on_nonfinite == "skip",
+    )
+    if config.algorithm == "naive":
+        return NaiveParallelClipping(model, config.lr, config.gamma, **common)
+    return CELGC(
+        model, config.lr, config.gamma, config.period, clip_mode=config.clip_mode,
+        participants=config.participants, participation_seed=config.seed, **common,
+    )
+
+
+def _rng_state() -> dict:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": list(random.getstate()),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+class Trainer:
+    """Trains one worker's model with the configured algorithm; see the module docstring."""
+
+    def __init__(self, config: TrainConfig, run_folder: RunFolder | None = None, progress: bool = True):
+        self.config = config
+        self.comm = current()
+        self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        if self.world_size != config.workers:
+            raise ConfigError(f"rank {self.rank}: the config asks for {config.workers} workers but the group has {self.world_size}")
+        # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
+        self.run_folder = run_folder
+        self.run = run_folder if self.rank == 0 else None
+        # Same seed everywhere for x₀ (rank 0's is broadcast anyway); then a stream per worker.
+        torch.manual_seed(config.seed)
+        self.workload = make_workload(config, self.comm)
+        self.model = self.workload.model
+        self.model.train()
+        self.algorithm = build_algorithm(config, self.model, self.comm)
+        torch.manual_seed(config.seed + 7919 * (self.rank + 1))
+        np.random.seed((config.seed + self.rank) % 2**32)
+        random.seed(config.seed * 31 + self.rank)
+        self.progress = progress and self.rank == 0
+        self.step = 0
+        self.epoch = 0
+        self.best_val = math.inf
+        self.bad_epochs = 0
+        self.asgd_avg: list[torch.Tensor] | None = None
+        self.asgd_count = 0
+        self.time_compute = 0.0
+        self.time_comm = 0.0
+        self._interval = torch.zeros(3, dtype=torch.float64)  # loss sum, steps, clipped steps
+        self._clipped_seen = 0
+        self._resume_state = None
+
+    def resume(self, state: dict) -> None:
+        """Continue from a checkpoint: restored when its epoch's batches have been set up."""
+        self.epoch = state["epoch"]
+        self._resume_state = state
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def _set_step_size(self, scale: float) -> None:
+        decays = sum(1 for e in self.config.lr_decay_epochs if self.epoch >= e)
+        factor = scale * self.config.lr_decay**decays
+        for group in self.algorithm.param_groups:
+            group["lr"] = self.config.lr * factor
+            group["gamma"] = self.config.gamma * factor
+
+    def train_step(self, batch, scale: float = 1.0) -> torch.Tensor:
+        """One local step: forward, backward, and the algorithm's step (which may communicate)."""
+        self._set_step_size(scale)
+        objective, reported = self.workload.loss(batch)
+        self.algorithm.zero_grad()
+        objective.backward()
+        self.algorithm.step()
+        return reported.detach()
+
+    # -- the schedule --------------------------------------------------------------------------
+
+    def _epoch_limit(self, epoch: int, num_batches: int) -> int:
+        whole = math.floor(self.config.epochs)
+        if epoch < whole:
+            return num_batches
+        return max(1, round((self.config.epochs - whole) * num_batches))
+
+    @property
+    def num_epochs(self) -> int:
+        return math.ceil(self.config.epochs)
+
+    def train(self) -> dict | None:
+        """Run to the end of the schedule (or ``max_steps``); return the summary on rank 0."""
+        cfg = self.config
+        start = time.perf_counter()
+        done = False
+        first_epoch = self.epoch
+        bar = self._progress_bar()
+        for epoch in range(first_epoch, self.num_epochs):
+            self.epoch = epoch
+            num_batches = self.workload.start_epoch(epoch)
+            if self._resume_state is not None:
+                self._restore(self._resume_state)
+                self._resume_state = None
+            limit = self._epoch_limit(epoch, num_batches)
+            position = self.workload_position()
+            for batch, scale in self.workload.batches():
+                if position >= limit:
+                    break
+                position += 1
+                comm_before = self.comm.seconds
+                t0 = time.perf_counter()
+                loss = self.train_step(batch, scale)
+                dt = time.perf_counter() - t0
+                comm_dt = self.comm.seconds - comm_before
+                self.time_comm += comm_dt
+                self.time_compute += dt - comm_dt
+                self.step += 1
+                self._interval[0] += loss.double()
+                self._interval[1] += 1
+                if bar is not None:
+                    bar.update(1)
+                if self.step % cfg.log_interval == 0:
+                    self._log_train(bar)
+                if cfg.eval_interval and self.step % cfg.eval_interval == 0:
+                    self._log_eval(splits=("valid",))
+                if cfg.max_steps is not None and self.step >= cfg.max_steps:
+                    done = True
+                    break
+                if self.step % cfg.checkpoint_interval == 0:
+                    self.save_checkpoint()
+            self.algorithm.average()  # end of the epoch: every worker holds the average
+            if self._interval[1] > 0:
+                self._log_train(bar)
+            if done:
+                break  # the final evaluation below covers this point
+            self._end_of_epoch_eval()
+            if epoch + 1 < self.num_epochs:
+                # Checkpoint at the start of the next epoch, its batches set up, so a resume
+                # never replays the finished epoch.
+                self.epoch = epoch + 1
+                self.workload.start_epoch(self.epoch)
+                self.save_checkpoint()
+        if bar is not None:
+            bar.close()
+        final = self._log_eval(splits=("valid", "test"), final=True)
+        if self.run is None:
+            return None
+        summary = {
+            "steps": self.step,
+            "epochs": self._epoch_progress(),
+            "comm/rounds": self.algorithm.rounds,
+            "comm/bytes": self.algorithm.bytes_communicated,
+            "time/seconds": time.perf_counter() - start,
+            "time/compute": self.time_compute,
+            "time/comm": self.time_comm,
+            "algorithm": cfg.algorithm,
+            "workers": cfg.workers,
+            "period": cfg.period,
+        }
+        summary.update(final)
+        return summary
+
+    def _epoch_progress(self) -> float:
+        """Epochs done so far, fractional within an epoch."""
+        return self.epoch + min(1.0, self.workload_position() / max(1, len(self.workload.stream)))
+
+    def workload_position(self) -> int:
+        stream = self.workload.stream
+        return getattr(stream, "batch", getattr(stream, "position", 0))
+
+    def _progress_bar(self):
+        if not self.progress:
+            return None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return None
+        total = self.config.max_steps
+        return tqdm(total=total, initial=self.step, desc=f"{self.config.algorithm} N={self.world_size} I={self.config.period}", unit="step", dynamic_ncols=True, leave=False)
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def _log_train(self, bar) -> None:
+        clipped = int(self.algorithm.optimizer.clipped_steps)
+        stats = torch.cat([self._interval, torch.tensor([clipped - self._clipped_seen, self.time_compute, self.time_comm], dtype=torch.float64)])
+        self._clipped_seen = clipped
+        self.comm.all_reduce([stats])  # metrics only: not part of the algorithm's traffic
+        loss_sum, steps, _, clipped_sum, t_compute, t_comm = stats.tolist()
+        self._interval.zero_()
+        if self.run is None or steps == 0:
+            return
+        group = self.algorithm.param_groups[0]
+        record = {
+            "step": self.step,
+            "epoch": self._epoch_progress(),
+            "train/loss": loss_sum / steps,
+            "train/ppl": math.exp(min(loss_sum / steps, 50)) if self.workload.metric == "ppl" else None,
+            "clip/fraction": clipped_sum / steps,
+            "comm/rounds": self.algorithm.rounds,
+            "comm/bytes": self.algorithm.bytes_communicated,
+            "time/compute": t_compute / self.world_size,
+            "time/comm": t_comm / self.world_size,
+            "lr": group["lr"],
+            "gamma": group["gamma"],
+        }
+        self.run.log({k: v for k, v in record.items() if v is not None})
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss_sum / steps:.3f}", refresh=False)
+
+    def _end_of_epoch_eval(self) -> None:
+        result = self._log_eval(splits=("valid",))
+        if self.config.asgd_patience == 0 or self.workload.metric != "ppl":
+            return
+        val = result["val/ppl"]
+        if val < self.best_val:
+            self.best_val, self.bad_epochs = val, 0
+        else:
+            self.bad_epochs += 1
+        if self.asgd_avg is not None or self.bad_epochs >= self.config.asgd_patience:
+            params = [p.detach() for p in self.model.parameters()]
+            if self.asgd_avg is None:
+                self.asgd_avg = [p.clone() for p in params]
+                self.asgd_count = 1
+            else:
+                self.asgd_count += 1
+                for a, p in zip(self.asgd_avg, params):
+                    a.add_(p - a, alpha=1.0 / self.asgd_count)
+
+    def _log_eval(self, splits, final: bool = False) -> dict:
+        swapped = self._swap_in_asgd_average()
+        try:
+            result = {}
+            for split in splits:
+                prefix = "val" if split == "valid" else "test"
+                for k, v in self.workload.evaluate(split).items():
+                    result[f"{prefix}/{k}"] = v
+        finally:
+            if swapped is not None:
+                with torch.no_grad():
+                    for p, raw in zip(self.model.parameters(), swapped):
+                        p.copy_(raw)
+        if self.run is not None:
+            record = {"step": self.step, "epoch": self._epoch_progress(), **result, "comm/rounds": self.algorithm.rounds, "comm/bytes": self.algorithm.bytes_communicated}
+            if final:
+                record["final"] = True
+            self.run.log(record)
+        return result
+
+    def _swap_in_asgd_average(self):
+        if self.asgd_avg is None:
+            return None
+        raw = [p.detach().clone() for p in self.model.parameters()]
+        with torch.no_grad():
+            for p, a in zip(self.model.parameters(), self.asgd_avg):
+                p.copy_(a)
+        return raw
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "model": self.model.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "workload": self.workload.state_dict(),
+            "rng": _rng_state(),
+            "best_val": self.best_val,
+            "bad_epochs": self.bad_epochs,
+            "asgd_avg": self.asgd_avg,
+            "asgd_count": self.asgd_count,
+            "time_compute": self.time_compute,
+            "time_comm": self.time_comm,
+            "interval": self._interval.clone(),
+            "clipped_seen": self._clipped_seen,
+        }
+
+    def save_checkpoint(self) -> None:
+        if self.run_folder is None:
+            return
+        self.run_folder.save_worker_checkpoint(self.state_dict(), self.step, self.rank)
+        self.comm.barrier()  # every rank's file exists before latest.json moves
+        if self.rank == 0:
+            self.run_folder.commit_checkpoint(self.step, self.world_size)
+
+    def _restore(self, state: dict) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.workload.load_state_dict(state["workload"])
+        self.step = state["step"]
+        self.best_val, self.bad_epochs = state["best_val"], state["bad_epochs"]
+        self.asgd_avg, self.asgd_count = state["asgd_avg"], state["asgd_count"]
+        self.time_compute, self.time_comm = state["time_compute"], state["time_comm"]
+        self._interval.copy_(state["interval"])
+        self._clipped_seen = state["clipped_seen"]
+        _set_rng_state(state["rng"])
+
+
+def run_worker(config: TrainConfig, run_path: str | None, checkpoint: dict | None, progress: bool = True):
+    """Entry point of one worker under any runtime (module-level, so spawn can import it)."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    run = RunFolder(run_path) if run_path is not None else None
+    trainer = Trainer(config, run, progress=progress)
+    if checkpoint is not None:
+        trainer.resume(run.load_worker_checkpoint(checkpoint["step"], trainer.rank))
+    summary = trainer.train()
+    if trainer.run is not None:
+        trainer.run.finish(summary)
+    return summary

@@ -1,0 +1,176 @@
+"""Workloads: what a worker trains on and how a model is scored, per task.
+
+A workload builds the model, yields this worker's training batches for an epoch (through
+:mod:`localclip.data`, which decides who sees what), computes the training loss of one batch, and
+evaluates the averaged model. Evaluation is split across workers (independent sequences or
+images per worker) and summed with one all-reduce, so every worker gets the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from localclip import data
+from localclip.comm import Communicator
+from localclip.errors import ConfigError
+from localclip.models import ar_tar_penalty, build_model, detach_hidden
+from localclip.train.config import TrainConfig
+
+__all__ = ["make_workload", "LMWorkload", "ImageWorkload"]
+
+
+def make_workload(config: TrainConfig, comm: Communicator):
+    if config.task == "lm":
+        return LMWorkload(config, comm)
+    return ImageWorkload(config, comm)
+
+
+class LMWorkload:
+    """Word-level language modelling (PTB, WikiText-2) with truncated BPTT (ALGORITHM.md §4)."""
+
+    metric = "ppl"
+
+    def __init__(self, config: TrainConfig, comm: Communicator):
+        self.config, self.comm = config, comm
+        if config.dataset not in data.CORPORA:
+            raise ConfigError(f"Invalid dataset for the lm task: {config.dataset!r} (expected one of {', '.join(data.CORPORA)})")
+        self.corpus = data.load_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus)
+        self.ntokens = len(self.corpus.vocab)
+        name = {"lstm": "lstm", "awd_lstm": "awd_lstm"}.get(config.model)
+        if name is None:
+            raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm or awd_lstm)")
+        self.model = build_model(name, ntoken=self.ntokens, **config.model_options)
+        self.schedule = data.BPTTSchedule(config.bptt, seed=config.seed, variable=config.variable_bptt)
+        self.hidden = None
+        self.stream = None
+
+    # -- training ------------------------------------------------------------------------------
+
+    def start_epoch(self, epoch: int) -> int:
+        """Prepare ``epoch``'s batches; returns how many there are (the same on every worker)."""
+        shard = data.worker_shard(
+            self.corpus.train, rank=self.comm.rank, world_size=self.comm.world_size,
+            batch_size=self.config.batch_size, epoch=epoch, heterogeneous=self.config.heterogeneous,
+        )
+        self.stream = data.LMBatchStream(shard, self.schedule)
+        self.hidden = self.model.init_hidden(self.config.batch_size)
+        return len(self.stream)
+
+    def batches(self):
+        """The rest of the epoch's batches: ``(batch, lr_scale)``."""
+        for x, y, seq_len in self.stream:
+            yield (x, y), self.schedule.lr_scale(seq_len) if self.config.variable_bptt else 1.0
+
+    def loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective to differentiate, reported cross-entropy) for one batch."""
+        x, y = batch
+        self.hidden = detach_hidden(self.hidden)
+        out = self.model(x, self.hidden)
+        self.hidden = out.hidden
+        ce = F.cross_entropy(out.logits.reshape(-1, self.ntokens), y.reshape(-1))
+        if self.config.ar_alpha or self.config.tar_beta:
+            return ce + ar_tar_penalty(out, self.config.ar_alpha, self.config.tar_beta), ce
+        return ce, ce
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict(), "hidden": detach_hidden(self.hidden)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+        self.hidden = state["hidden"]
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict:
+        """Perplexity of the current model on ``valid`` or ``test``, with the reference's batch
+        sizes; each worker evaluates a subset of the batch's independent columns."""
+        source = self.corpus.split(split)
+        if self.config.eval_tokens:
+            source = source[: self.config.eval_tokens]
+        batch = self.config.eval_batch_size if split == "valid" else self.config.test_batch_size
+        columns = data.batchify(source, batch)[:, self.comm.rank :: self.comm.world_size]
+        bptt = self.config.eval_bptt or self.config.bptt
+        total = torch.zeros(2, dtype=torch.float64)
+        if columns.size(1) > 0:
+            was_training = self.model.training
+            self.model.eval()
+            hidden = self.model.init_hidden(columns.size(1))
+            for i in range(0, columns.size(0) - 1, bptt):
+                x, y = data.get_batch(columns, i, bptt)
+                out = self.model(x, hidden)
+                hidden = out.hidden
+                total[0] += F.cross_entropy(out.logits.reshape(-1, self.ntokens), y.reshape(-1), reduction="sum").double()
+                total[1] += y.numel()
+            self.model.train(was_training)
+        self.comm.all_reduce([total])
+        loss = (total[0] / total[1]).item()
+        return {"loss": loss, "ppl": math.exp(loss)}
+
+
+class ImageWorkload:
+    """Image classification (Fashion-MNIST, CIFAR-10) with ResNets (ALGORITHM.md §5)."""
+
+    metric = "acc"
+
+    def __init__(self, config: TrainConfig, comm: Communicator):
+        self.config, self.comm = config, comm
+        if config.dataset == "fashion-mnist":
+            splits = data.load_fashion_mnist(config.data_root)
+        elif config.dataset == "cifar10":
+            splits = data.load_cifar10(config.data_root or data.resolve_data_root(None) / "cifar10", download=True)
+        else:
+            raise ConfigError(f"Invalid dataset for the image task: {config.dataset!r} (expected fashion-mnist or cifar10)")
+        self.train_set, self.test_set = data.ImageDataset.from_splits(splits)
+        if not config.model.startswith("resnet"):
+            raise ConfigError(f"Invalid model for the image task: {config.model!r} (expected resnetD, e.g. resnet20)")
+        channels = self.train_set.images.shape[1]
+        self.model = build_model(config.model, num_classes=10, in_channels=channels, **config.model_options)
+        indices = None
+        if config.heterogeneous:
+            parts = data.label_skew_partition(self.train_set.labels, comm.world_size, config.similarity, config.seed)
+            indices = parts[comm.rank]
+        self.stream = data.ImageBatchStream(
+            self.train_set, batch_size=config.batch_size, rank=comm.rank, seed=config.seed, indices=indices,
+            steps_per_epoch=len(self.train_set) // (config.batch_size * comm.world_size) if indices is None else None,
+        )
+
+    def start_epoch(self, epoch: int) -> int:
+        self.stream.set_epoch(epoch)
+        return len(self.stream)
+
+    def batches(self):
+        for x, y in self.stream:
+            yield (x, y), 1.0
+
+    def loss(self, batch):
+        x, y = batch
+        ce = F.cross_entropy(self.model(x), y)
+        return ce, ce
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict:
+        """Accuracy and loss on the test set (both splits mean the test set here)."""
+        n = len(self.test_set)
+        idx = torch.arange(self.comm.rank, n, self.comm.world_size)
+        total = torch.zeros(3, dtype=torch.float64)
+        was_training = self.model.training
+        self.model.eval()
+        for chunk in idx.split(500):
+            x, y = self.test_set.batch(chunk)
+            logits = self.model(x)
+            total[0] += F.cross_entropy(logits, y, reduction="sum").double()
+            total[1] += (logits.argmax(1) == y).sum()
+            total[2] += y.numel()
+        self.model.train(was_training)
+        self.comm.all_reduce([total])
+        return {"loss": (total[0] / total[2]).item(), "acc": (total[1] / total[2]).item()}
