@@ -201,6 +201,8 @@ class PeriodicAverager:
     def average(self) -> None:
         """Average now, whatever the schedule (end of training, before evaluation)."""
         self._check_views()
+        if self.comm.world_size == 1:
+            return  # nothing to talk about: no round, no bytes
         weight = 1.0
         if self.participants is not None and self.participants < self.comm.world_size:
             chosen = sample_participants(self.comm.world_size, self.participants, self.rounds, self.participation_seed)

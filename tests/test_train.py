@@ -1,0 +1,107 @@
+"""End-to-end training runs: every algorithm and runtime, resume, and the run folder."""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localclip.cli import main
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+if not (SHARED / "ptbdataset" / "train.txt").exists() and os.environ.get("LOCALCLIP_DATA"):
+    SHARED = Path(os.environ["LOCALCLIP_DATA"])
+pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
+
+SMOKE = ["--data-root", str(SHARED), "--no-progress", "--set", "eval_tokens=2000", "--set", "log_interval=3"]
+REQUIRED_TRAIN_KEYS = {"step", "epoch", "train/loss", "clip/fraction", "comm/rounds", "comm/bytes", "time/compute", "time/comm", "lr", "gamma"}
+REQUIRED_SUMMARY_KEYS = {"val/ppl", "test/ppl", "comm/rounds", "comm/bytes", "time/seconds", "steps"}
+
+
+def train(tmp_path, *args, name="run"):
+    out = tmp_path / name
+    code = main(["train", "ptb-small", *args, "--out", str(out), *SMOKE])
+    return code, out
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "algorithm,expected_rounds",
+    [("celgc", 6 // 2 + 1), ("naive", 6 + 1), ("local-sgd", 6 // 2 + 1), ("single", 6 // 2 + 1)],
+)
+def test_each_algorithm_trains_and_writes_a_complete_run_folder(tmp_path, algorithm, expected_rounds):
+    code, out = train(tmp_path, "--algorithm", algorithm, "--workers", "2", "--period", "2", "--max-steps", "6")
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert REQUIRED_SUMMARY_KEYS <= set(summary)
+    assert summary["steps"] == 6
+    if algorithm != "local-sgd":  # without clipping, η = 20 blows up: the paper's point
+        assert math.isfinite(summary["val/ppl"]) and summary["val/ppl"] > 1
+    rounds = summary["comm/rounds"]
+    assert rounds == (0 if algorithm == "single" else expected_rounds)
+    config = json.loads((out / "config.json").read_text())
+    assert config["algorithm"] == algorithm and config["workers"] == (1 if algorithm == "single" else 2)
+    if algorithm == "local-sgd":
+        assert config["gamma"] == math.inf
+    train_records = [r for r in records(out) if "train/loss" in r]
+    assert len(train_records) == 2 and all(REQUIRED_TRAIN_KEYS <= set(r) for r in train_records)
+    if algorithm == "local-sgd":
+        assert all(r["clip/fraction"] == 0 for r in train_records)
+    final = [r for r in records(out) if r.get("final")]
+    assert final and final[0]["val/ppl"] == summary["val/ppl"]
+
+
+def test_spawned_processes_match_simulated_workers(tmp_path):
+    args = ["--workers", "2", "--period", "4", "--max-steps", "10"]
+    assert train(tmp_path, *args, "--runtime", "simulate", name="sim")[0] == 0
+    assert train(tmp_path, *args, "--runtime", "spawn", name="spawn")[0] == 0
+    sim = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    real = json.loads((tmp_path / "spawn" / "summary.json").read_text())
+    assert abs(sim["val/ppl"] - real["val/ppl"]) / sim["val/ppl"] <= 1e-3
+    assert sim["comm/bytes"] == real["comm/bytes"] and sim["comm/rounds"] == real["comm/rounds"]
+
+
+def test_torchrun_runtime(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed next to this Python")
+    out = tmp_path / "tr"
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "localclip.cli", "train", "ptb-small", "--runtime", "torchrun",
+           "--workers", "2", "--max-steps", "4", "--out", str(out), *SMOKE]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["workers"] == 2
+
+
+def test_resume_after_a_kill_is_bit_identical(tmp_path):
+    """K steps straight == killed after a checkpoint, then --resume to K."""
+    args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--set", "checkpoint_interval=4", "--set", "lr_decay_epochs=[0]"]
+    assert train(tmp_path, *args, name="straight")[0] == 0
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "localclip.cli", "train", "ptb-small", *args, "--out", str(out), *SMOKE]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 120
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    assert json.loads(latest.read_text())["step"] < 24
+    assert train(tmp_path, *args, "--resume", name="killed")[0] == 0
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    resumed = json.loads((out / "summary.json").read_text())
+    for key in ("val/ppl", "test/ppl", "val/loss", "comm/rounds", "comm/bytes", "steps"):
+        assert resumed[key] == straight[key], key
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert strip(records(out)) == strip(records(tmp_path / "straight"))
