@@ -122,7 +122,11 @@ def _ensure_corpus(config) -> None:
     try:
         data.download_corpus(config.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
     except DataError as exc:
-        raise DataError(f"{config.dataset} is missing from {folder} and could not be downloaded: {exc}") from None
+        raise DataError(
+            f"{config.dataset} is missing from {folder} and could not be downloaded ({exc}). "
+            f"Run `localclip data download {config.dataset} --data-root {root}` where the internet is reachable, "
+            f"or point --data-root / LOCALCLIP_DATA at a folder that holds {folder.name}/."
+        ) from None
 
 
 def _recipes(args) -> int:

@@ -1,0 +1,130 @@
+"""Figures of finished or running runs: loss and validation metric against epochs, rounds and
+(modelled) wall-clock time, plus the clip fraction.
+
+Wall-clock is modelled for a link of a given bandwidth and latency, so that runs made in
+simulation show what a cluster would see: each record's time is the measured compute time (mean
+over workers) plus, for every communication round so far, the latency, plus the bytes
+communicated over the bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from localclip.errors import DataError, LocalclipError
+
+__all__ = ["load_run", "modelled_seconds", "plot_runs"]
+
+
+class PlotError(LocalclipError):
+    """A folder that cannot be plotted, or runs that cannot share a figure."""
+
+
+def load_run(folder: str | Path) -> dict:
+    """``{"config", "train", "eval", "label"}`` of one run folder (a run in progress works too)."""
+    folder = Path(folder)
+    config_path, metrics_path = folder / "config.json", folder / "metrics.jsonl"
+    if not config_path.is_file() or not metrics_path.is_file():
+        raise PlotError(f"{folder} is not a localclip run folder (no config.json and metrics.jsonl)")
+    try:
+        config = json.loads(config_path.read_text())
+        records = []
+        for line in metrics_path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # the last line of a run cut short may be partial
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlotError(f"{folder}: unreadable run files ({exc})") from exc
+    train = [r for r in records if "train/loss" in r]
+    evals = [r for r in records if any(k.startswith("val/") for k in r) and not r.get("final")]
+    if not train:
+        raise PlotError(f"{folder} has no training records yet")
+    algo = config.get("algorithm", "?")
+    label = f"{algo} N={config.get('workers', '?')}"
+    if algo in ("celgc", "local-sgd"):
+        label += f" I={config.get('period', '?')}"
+    if config.get("heterogeneous"):
+        label += " hetero"
+    if config.get("participants"):
+        label += f" K={config['participants']}"
+    if config.get("momentum"):
+        label += f" μ={config['momentum']}"
+    return {"config": config, "train": train, "eval": evals, "label": label, "folder": str(folder)}
+
+
+def modelled_seconds(record: dict, *, bandwidth: float, latency: float, compute: float | None = None) -> float:
+    """Compute time plus ``rounds·latency + bytes·8/bandwidth`` (bandwidth in bit/s)."""
+    compute = record.get("time/compute", 0.0) if compute is None else compute
+    return compute + record.get("comm/rounds", 0) * latency + record.get("comm/bytes", 0) * 8.0 / bandwidth
+
+
+def _with_compute(evals: list[dict], train: list[dict]) -> list[dict]:
+    """Evaluation records carry no compute time: take the last training record's at that step."""
+    out = []
+    for e in evals:
+        before = [t for t in train if t["step"] <= e["step"]]
+        out.append({**e, "time/compute": before[-1]["time/compute"] if before else 0.0})
+    return out
+
+
+def plot_runs(folders: list[str], out: str | Path, *, bandwidth: float = 1e9, latency: float = 50e-6, title: str | None = None) -> Path:
+    if not bandwidth > 0 or not latency >= 0:
+        raise PlotError(f"Invalid link model: bandwidth {bandwidth} bit/s, latency {latency} s")
+    runs = [load_run(f) for f in folders]
+    metric_keys = {(("val/ppl" in r["eval"][0]) if r["eval"] else None) for r in runs} - {None}
+    if len(metric_keys) > 1:
+        kinds = ", ".join(f"{r['folder']}: {'val/ppl' if r['eval'] and 'val/ppl' in r['eval'][0] else 'val/acc'}" for r in runs)
+        raise PlotError(f"runs with different metrics cannot share a figure ({kinds})")
+    tasks = {r["config"].get("task") for r in runs}
+    if len(tasks) > 1:
+        raise PlotError(f"runs of different tasks cannot share a figure: {', '.join(r['folder'] + ': ' + str(r['config'].get('task')) for r in runs)}")
+    val_key = "val/ppl" if metric_keys == {True} else "val/acc"
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DataError("localclip plot needs matplotlib: pip install 'localclip[plot]'") from None
+
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), constrained_layout=True)
+    xs = [("epoch", "epochs"), ("comm/rounds", "communication rounds"), ("modelled", f"modelled wall-clock [s] ({bandwidth / 1e9:g} Gbit/s, {latency * 1e6:g} µs)")]
+    for run in runs:
+        link = dict(bandwidth=bandwidth, latency=latency)
+        for row, (records, key) in enumerate(((run["train"], "train/loss"), (_with_compute(run["eval"], run["train"]), val_key))):
+            if not records:
+                continue
+            for col, (xkey, _) in enumerate(xs):
+                x = [modelled_seconds(r, **link) if xkey == "modelled" else r.get(xkey, 0) for r in records]
+                y = [r.get(key, math.nan) for r in records]
+                axes[row][col].plot(x, y, marker="." if len(x) < 30 else None, label=run["label"])
+        axes[0][3].plot([r["epoch"] for r in run["train"]], [r.get("clip/fraction", math.nan) for r in run["train"]], label=run["label"])
+    for row, key in enumerate(("train/loss", val_key)):
+        for col, (xkey, xlabel) in enumerate(xs):
+            ax = axes[row][col]
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(key)
+            if xkey == "comm/rounds":
+                ax.set_xscale("symlog")
+            if key == "val/ppl":
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+    axes[0][3].set_xlabel("epochs")
+    axes[0][3].set_ylabel("fraction of clipped steps")
+    axes[0][3].grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    axes[1][3].axis("off")
+    axes[1][3].legend(handles, labels, loc="center", fontsize="medium")
+    if title:
+        fig.suptitle(title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
