@@ -1,5 +1,7 @@
 """Multi-process tests: real gloo groups on the CPU, FileStore rendezvous, bounded by timeouts."""
 
+import time
+
 import pytest
 import torch
 
@@ -35,3 +37,25 @@ def test_a_stalled_peer_times_out_with_a_clear_error():
 def test_a_failing_worker_is_reported_by_rank():
     with pytest.raises(ValueError, match="rank 1: boom on purpose"):
         spawn(fail_on_rank, 2, timeout=10, join_timeout=JOIN)
+
+
+def test_a_dead_peer_in_averaging_fails_naming_round_and_timeout():
+    from workers import stall_in_averaging
+
+    start = time.monotonic()
+    with pytest.raises(CommunicationError, match=r"round 1.*timeout 3s"):
+        spawn(stall_in_averaging, 2, timeout=3, join_timeout=JOIN, seconds=20)
+    assert time.monotonic() - start < 60
+
+
+def test_nan_injected_into_one_gloo_worker_leaves_the_average_finite():
+    from workers import nan_injection
+
+    results = spawn(nan_injection, 3, timeout=30, join_timeout=JOIN)
+    assert results[1]["skipped"] == 1 and results[0]["skipped"] == 0
+    assert [r["nonfinite_rounds"] for r in results] == [0, 1, 0]
+    for r in results:
+        for k, v in r["state"].items():
+            if v.is_floating_point():
+                assert torch.isfinite(v).all(), k
+                torch.testing.assert_close(v, results[0]["state"][k])

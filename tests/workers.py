@@ -70,3 +70,36 @@ def fail_on_rank(rank_to_fail=1):
         raise ValueError("boom on purpose")
     comm.all_reduce([torch.ones(2)])
     return "ok"
+
+
+def stall_in_averaging(seconds=20.0):
+    """Rank 1 stops answering; rank 0's averaging round must fail naming the round and timeout."""
+    comm = current()
+    model = tiny_model()
+    avg = localclip.PeriodicAverager(model, period=1)
+    if comm.rank == 1:
+        time.sleep(seconds)
+        return "slept"
+    avg.average()
+    return "averaged"
+
+
+def nan_injection(steps=8, period=2):
+    """Rank 1 gets a NaN gradient at step 3 and NaN parameters before the round after step 6."""
+    comm = current()
+    model = tiny_model()
+    opt = localclip.CELGC(model, lr=0.3, gamma=0.1, period=period)
+    for t, (x, y) in enumerate(fixed_batches(comm.rank, steps)):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if comm.rank == 1 and t == 2:
+            next(model.parameters()).grad.fill_(float("nan"))
+        if comm.rank == 1 and t == 5:
+            with torch.no_grad():
+                model[0].weight[0, 0] = float("inf")
+        opt.step()
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "skipped": int(opt.optimizer.skipped_steps),
+        "nonfinite_rounds": opt.averager.nonfinite_rounds,
+    }

@@ -19,7 +19,7 @@ from torch import nn
 
 from localclip.comm import Communicator, current
 from localclip.data.sharding import sample_participants
-from localclip.errors import CommunicationError
+from localclip.errors import CommunicationError, NonFiniteError
 
 __all__ = ["PeriodicAverager", "OPTIMIZER_STATE_MODES", "sample_participants"]
 
@@ -209,7 +209,7 @@ class PeriodicAverager:
             weight = 1.0 if self.comm.rank in chosen else 0.0
         if weight and not all(bool(torch.isfinite(b.values).all()) for b in self._buckets):
             if not self.skip_nonfinite:
-                raise FloatingPointError(f"rank {self.comm.rank}: non-finite parameters at averaging round {self.rounds + 1}")
+                raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {self.rounds + 1}")
             weight = 0.0
             self.nonfinite_rounds += 1
         for b in self._buckets:
@@ -219,7 +219,7 @@ class PeriodicAverager:
         self._collective("model averaging", lambda: self.comm.all_reduce([b.flat for b in self._buckets]))
         total = float(self._buckets[0].weight)
         if total == 0.0:
-            raise FloatingPointError(f"averaging round {self.rounds + 1}: no worker had finite parameters")
+            raise NonFiniteError(f"averaging round {self.rounds + 1}: no worker had finite parameters")
         for b in self._buckets:
             b.flat.div_(total)
         self.rounds += 1

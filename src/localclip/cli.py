@@ -79,6 +79,26 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", required=True, help="output image (PNG)")
     plot.add_argument("--bandwidth", type=_positive_float("--bandwidth"), default=1e9, help="modelled link bandwidth in bit/s (default 1e9)")
     plot.add_argument("--latency", type=float, default=50e-6, help="modelled per-round latency in seconds (default 50e-6)")
+
+    # -- sweep and report (localclip.sweeps) --
+    sweep_cmd = sub.add_parser("sweep", help="run a named sweep (finished runs are skipped, started ones resumed)",
+                               description="Run a named sweep's runs one after another into ROOT/NAME/RUN. Run it again to continue an interrupted sweep.")
+    sweep_cmd.add_argument("name", help="a sweep: isweep, speedup, scenarios or image")
+    sweep_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
+    sweep_cmd.add_argument("--epochs", type=_positive_float("--epochs"), help="epochs per run (default: the sweep's own, sized for about an hour of a 2-core CPU)")
+    sweep_cmd.add_argument("--runtime", choices=["simulate", "spawn"], default="simulate", help="simulate (default) or spawn, as for `localclip train`")
+    sweep_cmd.add_argument("--data-root", help="the corpora's folder (PTB sweeps) or the Fashion-MNIST IDX files' folder (image)")
+    sweep_cmd.add_argument("--only", nargs="+", metavar="RUN", help="run only these runs of the sweep")
+    sweep_cmd.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop every run after K local steps per worker (smoke tests)")
+    sweep_cmd.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run (repeatable)")
+    sweep_cmd.add_argument("--list", action="store_true", help="print the planned runs, one line each, and exit")
+    sweep_cmd.add_argument("--progress", action="store_true", help="a progress bar per run")
+    report_cmd = sub.add_parser("report", help="summarise a sweep's finished runs into summary.csv, summary.md and figure.png")
+    report_cmd.add_argument("name", help="a sweep name")
+    report_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
+    report_cmd.add_argument("--loss-target", type=_positive_float("--loss-target"), help="speedup: training-loss target (default: the worst final one)")
+    report_cmd.add_argument("--ppl-target", type=_positive_float("--ppl-target"), help="speedup: validation-perplexity target (default: the worst final one)")
+    # -- end of sweep and report --
     return parser
 
 
@@ -158,10 +178,55 @@ def _plot(args) -> int:
     return 0
 
 
+# -- sweep and report (localclip.sweeps) --
+
+
+def _sweep(args) -> int:
+    from localclip import sweeps
+
+    if args.list:
+        for line in sweeps.plan_lines(args.name, args.root, args.epochs, args.only):
+            print(line)
+        return 0
+    runs = sweeps.plan(args.name, args.epochs, args.only)  # unknown names fail before anything is written
+    corpora = {}
+    for _, config in runs:
+        resolved = dataclasses.replace(config, data_root=args.data_root or config.data_root).resolved()
+        if resolved.task == "lm":
+            corpora.setdefault((resolved.dataset, resolved.data_root), resolved)
+    for resolved in corpora.values():
+        _ensure_corpus(resolved)
+    sweeps.run_sweep(
+        args.name, args.root, epochs=args.epochs, runtime=args.runtime, data_root=args.data_root, only=args.only,
+        progress=args.progress, max_steps=args.max_steps, overrides=args.overrides,
+        echo=lambda line: print(line, flush=True),
+    )
+    print(f"sweep {args.name}: done; `localclip report {args.name} --root {args.root}` summarises it")
+    return 0
+
+
+def _report(args) -> int:
+    from pathlib import Path
+
+    from localclip.sweeps import report
+
+    result = report(args.name, args.root, loss_target=args.loss_target, ppl_target=args.ppl_target)
+    print(Path(result["markdown"]).read_text(), end="")
+    written = [result["csv"], result["markdown"]] + ([result["figure"]] if result["figure"] else [])
+    print(f"wrote {', '.join(written)}")
+    if result["figure_error"]:
+        print(f"localclip: warning: no figure: {result['figure_error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- end of sweep and report --
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot}
+    commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot, "sweep": _sweep, "report": _report}
     try:
         return commands[args.command](args)
     except LocalclipError as exc:

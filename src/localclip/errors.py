@@ -24,3 +24,7 @@ class RunFolderError(LocalclipError):
 
 class CommunicationError(LocalclipError, RuntimeError):
     """A collective failed: a peer died, timed out or disagreed."""
+
+
+class NonFiniteError(LocalclipError, FloatingPointError):
+    """NaN or Inf in gradients or parameters, with ``on_nonfinite="raise"``."""

@@ -58,6 +58,19 @@ def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backe
         distributed.shutdown()
 
 
+_FAILURE_GRACE = 10.0  # seconds the peers of a failed worker get to finish or fail themselves
+
+
+def _failed(result_dir: str, rank: int) -> bool:
+    path = Path(result_dir) / f"rank{rank}.pkl"
+    if not path.exists():
+        return False
+    try:
+        return pickle.loads(path.read_bytes())[0] == "error"
+    except Exception:  # noqa: BLE001 - a file being written is not a failure yet
+        return False
+
+
 def _picklable(exc: BaseException):
     try:
         pickle.dumps(exc)
@@ -101,9 +114,19 @@ def spawn(
         for p in procs:
             p.start()
         deadline = None if join_timeout is None else time.monotonic() + join_timeout
+        failed_at = None
         try:
-            for p in procs:
-                p.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            # Poll rather than join in order: once a worker has failed, its peers are likely
+            # blocked in a collective with it, so give them a short grace period, then stop them.
+            while any(p.is_alive() for p in procs):
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                if failed_at is None and any(_failed(tmp, r) for r in range(world_size)):
+                    failed_at = time.monotonic()
+                if failed_at is not None and time.monotonic() - failed_at > _FAILURE_GRACE:
+                    break
+                for p in procs:
+                    p.join(0.05)
         finally:
             alive = [r for r, p in enumerate(procs) if p.is_alive()]
             for p in procs:
@@ -123,11 +146,12 @@ def spawn(
             else:
                 errors.append((r, value[3], f"{value[0]}: {value[1]}\n{value[2]}"))
                 results.append(None)
-    if alive:
+    if alive and not errors:
         raise CommunicationError(f"ranks {alive} did not finish within {join_timeout:g}s and were killed")
     if errors:
-        # Report the root cause: a worker that failed on its own, not one whose peer vanished.
-        errors.sort(key=lambda e: isinstance(e[1], CommunicationError))
+        # Report the root cause: a worker that failed on its own, not one whose peer vanished
+        # or that was stopped after another's failure.
+        errors.sort(key=lambda e: (e[1] is None, isinstance(e[1], CommunicationError)))
         rank, exc, text = errors[0]
         if isinstance(exc, BaseException):
             exc.args = (f"rank {rank}: {exc}",) if len(exc.args) <= 1 else exc.args

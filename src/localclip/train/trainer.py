@@ -18,7 +18,7 @@ import torch
 
 from localclip.algorithm import CELGC, NaiveParallelClipping
 from localclip.comm import current
-from localclip.errors import ConfigError
+from localclip.errors import ConfigError, NonFiniteError
 from localclip.train.config import TrainConfig
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
@@ -112,6 +112,9 @@ class Trainer:
         self.algorithm.zero_grad()
         objective.backward()
         self.algorithm.step()
+        if self.config.on_nonfinite == "raise" and int(self.algorithm.optimizer.skipped_steps):
+            # Opting in to "raise" costs one host read per step (free on the CPU).
+            raise NonFiniteError(f"rank {self.rank}: non-finite gradient at step {self.step + 1} (loss {reported.item():.4g})")
         return reported.detach()
 
     # -- the schedule --------------------------------------------------------------------------
@@ -219,11 +222,13 @@ class Trainer:
     # -- metrics -------------------------------------------------------------------------------
 
     def _log_train(self, bar) -> None:
-        clipped = int(self.algorithm.optimizer.clipped_steps)
-        stats = torch.cat([self._interval, torch.tensor([clipped - self._clipped_seen, self.time_compute, self.time_comm], dtype=torch.float64)])
+        opt = self.algorithm.optimizer
+        clipped = int(opt.clipped_steps)
+        extra = [clipped - self._clipped_seen, self.time_compute, self.time_comm, int(opt.skipped_steps), self.algorithm.averager.nonfinite_rounds]
+        stats = torch.cat([self._interval, torch.tensor(extra, dtype=torch.float64)])
         self._clipped_seen = clipped
         self.comm.all_reduce([stats])  # metrics only: not part of the algorithm's traffic
-        loss_sum, steps, _, clipped_sum, t_compute, t_comm = stats.tolist()
+        loss_sum, steps, _, clipped_sum, t_compute, t_comm, skipped, nonfinite_rounds = stats.tolist()
         self._interval.zero_()
         if self.run is None or steps == 0:
             return
@@ -240,6 +245,8 @@ class Trainer:
             "time/comm": t_comm / self.world_size,
             "lr": group["lr"],
             "gamma": group["gamma"],
+            "train/skipped_steps": int(skipped),
+            "comm/nonfinite_rounds": int(nonfinite_rounds),
         }
         self.run.log({k: v for k, v in record.items() if v is not None})
         if bar is not None:
