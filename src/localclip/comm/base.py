@@ -135,7 +135,10 @@ def check_timeout(timeout: float) -> float:
 
 
 def timeout_error(what: str, timeout: float, rank: int, cause: BaseException | None = None):
-    msg = f"rank {rank}: {what} did not complete within the {timeout:g}s collective timeout"
-    if cause is not None:
-        msg += f" ({type(cause).__name__}: {cause})"
-    return CommunicationError(msg)
+    """The error of a collective that timed out or lost a peer, naming which of the two."""
+    text = f"{type(cause).__name__}: {cause}" if cause is not None else ""
+    if cause is None or isinstance(cause, TimeoutError) or "timed out" in text.lower() or "timeout" in text.lower():
+        msg = f"rank {rank}: {what} did not complete within the {timeout:g}s collective timeout"
+    else:
+        msg = f"rank {rank}: {what} failed, a peer is gone or broke the connection (collective timeout {timeout:g}s)"
+    return CommunicationError(f"{msg} ({text})" if text else msg)
