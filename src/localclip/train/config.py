@@ -179,38 +179,29 @@ def config_from_dict(data: dict) -> TrainConfig:
     return TrainConfig(**data)
 
 
-def _coerce(name: str, text: str, annotation) -> object:
-    """Parse ``text`` as the type of config field ``name``."""
+def _coerce(name: str, text: str) -> object:
+    """Parse ``text`` as the type of config field ``name`` (``X | None`` accepts ``none``)."""
     hint = typing.get_type_hints(TrainConfig)[name]
-    origin = typing.get_origin(hint)
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    optional = type(None) in typing.get_args(hint)
-    if optional and text.lower() in ("none", "null", ""):
-        return None
-    base = args[0] if origin is typing.Union or (origin is not None and str(origin) == "types.UnionType") else hint
-    if optional and args:
-        base = args[0]
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if text.strip().lower() in ("none", "null", ""):
+            return None
+        hint = next(a for a in args if a is not type(None))
     try:
-        if base is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
+        if hint is bool:
+            if text.strip().lower() in ("1", "true", "yes", "on"):
                 return True
-            if text.lower() in ("0", "false", "no", "off"):
+            if text.strip().lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError("expected true or false")
-        if base is int:
-            return int(text)
-        if base is float:
-            return float(text)
-        if base is str:
-            return text
-        if base in (dict, list) or typing.get_origin(base) in (dict, list):
-            value = json.loads(text)
-            if not isinstance(value, base if base in (dict, list) else typing.get_origin(base)):
-                raise ValueError(f"expected a JSON {base.__name__}")
-            return value
+        if hint in (int, float, str):
+            return hint(text)
+        value = json.loads(text)
+        if not isinstance(value, hint):
+            raise ValueError(f"expected a JSON {hint.__name__}")
+        return value
     except (ValueError, json.JSONDecodeError) as exc:
         raise ConfigError(f"Invalid value for {name}: {text!r} ({exc})") from None
-    raise ConfigError(f"Cannot set {name} from the command line")
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
@@ -234,5 +225,5 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
             close = [f for f in fields if key.replace("-", "_") == f]
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(f"Unknown config key in --set: {key!r}{hint} (see `localclip recipes --fields`)")
-        changes[key] = _coerce(key, value, fields[key].type)
+        changes[key] = _coerce(key, value)
     return dataclasses.replace(config, model_options=model_options, **changes)

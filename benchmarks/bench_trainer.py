@@ -1,0 +1,113 @@
+"""Trainer overhead and runtime cost, measured side by side in one run.
+
+1. Trainer overhead: ``Trainer.train_step`` (the real training step: lr/γ set-up, forward,
+   loss, backward, CELGC step with its averager) against a bare loop doing the same math
+   (forward, cross-entropy, backward, ClippedSGD step) on the same batches, one worker. Blocks
+   of steps alternate between the two; the ratio is bare time / trainer time (throughput of the
+   trainer relative to the bare loop; the issue's target is >= 0.95).
+2. Runtimes: the same short ptb-small run (4 workers, period 8) under ``simulate`` (4 workers
+   taking turns in one process) and ``spawn`` (4 gloo processes), alternating; compared on the
+   training-loop wall time each run reports (``time/seconds``: start-up and data loading
+   excluded). Ratio > 1 means simulation is faster.
+
+    python benchmarks/bench_trainer.py --data-root ../shared/data            # default sizes
+    python benchmarks/bench_trainer.py --data-root ../shared/data --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+from localclip import ClippedSGD
+from localclip.comm import SimulatedWorld
+from localclip.models import detach_hidden
+from localclip.recipes import get_recipe
+from localclip.train import Trainer, run_training
+
+
+def trainer_overhead(config, blocks: int, block_steps: int) -> tuple[list[float], list[float]]:
+    def worker():
+        torch.manual_seed(0)
+        trainer = Trainer(config, None, progress=False)
+        workload = trainer.workload
+        workload.start_epoch(0)
+        batches = [b for b, _ in zip(workload.batches(), range(block_steps))]
+        # The bare loop: its own model of the same architecture, plain ClippedSGD.
+        model = type(trainer.model)(workload.ntokens, **config.model_options)
+        opt = ClippedSGD(model.parameters(), lr=config.lr, gamma=config.gamma)
+        hidden = model.init_hidden(config.batch_size)
+        bare_times, trainer_times = [], []
+        for _ in range(blocks):
+            t0 = time.perf_counter()
+            for (x, y), _scale in batches:
+                hidden = detach_hidden(hidden)
+                out = model(x, hidden)
+                hidden = out.hidden
+                loss = F.cross_entropy(out.logits.reshape(-1, workload.ntokens), y.reshape(-1))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            bare_times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for batch, scale in batches:
+                trainer.train_step(batch, scale)
+            trainer_times.append(time.perf_counter() - t0)
+        return bare_times, trainer_times
+
+    return SimulatedWorld(1).run(worker)[0]
+
+
+def runtime_comparison(config, repeats: int) -> dict[str, list[float]]:
+    times = {"simulate": [], "spawn": []}
+    for _ in range(repeats):
+        for runtime in times:
+            with tempfile.TemporaryDirectory() as tmp:
+                summary = run_training(config, f"{tmp}/run", runtime=runtime, progress=False)
+                times[runtime].append(summary["time/seconds"])
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default=None)
+    parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--block-steps", type=int, default=40)
+    parser.add_argument("--runtime-steps", type=int, default=80)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.blocks, args.block_steps, args.runtime_steps, args.repeats = 3, 10, 16, 1
+
+    base = dataclasses.replace(get_recipe("ptb-small"), data_root=args.data_root, eval_tokens=2000, log_interval=10**6, checkpoint_interval=10**6)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+    single = dataclasses.replace(base, workers=1, algorithm="celgc", period=8).resolved()
+    bare, trained = trainer_overhead(single, args.blocks, args.block_steps)
+    mb, mt = statistics.median(bare), statistics.median(trained)
+    print("\n1. trainer overhead, ptb-small model, 1 worker, "
+          f"{args.blocks} alternating blocks of {args.block_steps} steps (median ms/step)")
+    print(f"   bare loop      {1e3 * mb / args.block_steps:8.2f}")
+    print(f"   Trainer        {1e3 * mt / args.block_steps:8.2f}")
+    print(f"   throughput ratio trainer/bare = {mb / mt:.3f}   (target >= 0.95)")
+
+    four = dataclasses.replace(base, workers=4, period=8, max_steps=args.runtime_steps).resolved()
+    times = runtime_comparison(four, args.repeats)
+    ms, mp = statistics.median(times["simulate"]), statistics.median(times["spawn"])
+    print(f"\n2. runtimes, ptb-small, 4 workers, I=8, {args.runtime_steps} steps each, {args.repeats} alternating repeats (median training-loop s)")
+    print(f"   simulate (4 workers in 1 process)  {ms:8.2f}")
+    print(f"   spawn    (4 gloo processes)        {mp:8.2f}")
+    print(f"   speed ratio simulate/spawn = {mp / ms:.3f}   (> 1: simulation faster)")
+    print(json.dumps({"trainer_over_bare": mb / mt, "simulate_over_spawn": mp / ms}))
+
+
+if __name__ == "__main__":
+    main()
