@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -35,7 +36,7 @@ from localclip.train import run_training
 from localclip.train.config import TrainConfig, apply_overrides
 from localclip.train.run_folder import RunFolder, atomic_write_text
 
-__all__ = ["SWEEPS", "SweepError", "SweepFailed", "describe", "plan", "report", "run_sweep", "sweep"]
+__all__ = ["SWEEPS", "SweepError", "SweepFailed", "describe", "plan", "plan_lines", "report", "run_sweep", "sweep"]
 
 Plan = list[tuple[str, TrainConfig]]
 
@@ -46,7 +47,6 @@ SWEEPS: dict[str, Callable[..., Plan]] = {}
 # 60,000 images in batches of 16. Only the logging and evaluation intervals are derived from
 # them, so an estimate off by a few steps changes nothing but where a record falls.
 WORKER_STEPS_PER_EPOCH = {"ptb-small": 5312, "fmnist-resnet": 3750}
-EVALS_PER_EPOCH = 8
 LOGS_PER_EPOCH = 64
 
 # The link that turns measured compute time and counted bytes into modelled wall-clock time.
@@ -93,35 +93,38 @@ def describe() -> list[str]:
     return [f"{name:10s} {(fn.__doc__ or '').strip().splitlines()[0]}" for name, fn in SWEEPS.items()]
 
 
-def _sized(cfg: TrainConfig, recipe: str) -> TrainConfig:
-    """Logging and evaluation intervals per epoch, whatever N: ``EVALS_PER_EPOCH`` validations
-    per epoch, at steps that end a communication period, so that every validation scores the
-    averaged model (between rounds each worker would score its own columns with its own model).
-    The intervals do not depend on ``epochs``, so a run resumed with other epochs keeps its config.
+def _sized(cfg: TrainConfig, recipe: str, evals_per_epoch: int) -> TrainConfig:
+    """Logging and evaluation intervals per epoch, whatever N: about ``evals_per_epoch``
+    validations per epoch, at steps that end a communication period, so that every validation
+    scores the averaged model (between rounds each worker would score its own columns with its
+    own model). The intervals do not depend on ``epochs``, so a run resumed with other epochs
+    keeps its config. A full PTB validation costs about as much as 250 worker-steps.
     """
     resolved = cfg.resolved()
     per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.workers)
     period = resolved.period if resolved.algorithm in ("celgc", "local-sgd") and resolved.workers > 1 else 1
-    every = max(period, round(per_worker / EVALS_PER_EPOCH / period) * period)
+    every = max(period, round(per_worker / evals_per_epoch / period) * period)
     return dataclasses.replace(cfg, eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH))
 
 
-def _ptb(epochs: float, **changes) -> TrainConfig:
-    return _sized(dataclasses.replace(get_recipe("ptb-small"), epochs=epochs, **changes), "ptb-small")
+def _ptb(epochs: float, evals_per_epoch: int = 8, **changes) -> TrainConfig:
+    return _sized(dataclasses.replace(get_recipe("ptb-small"), epochs=epochs, **changes), "ptb-small", evals_per_epoch)
 
 
-def _fmnist(epochs: float, **changes) -> TrainConfig:
-    return _sized(dataclasses.replace(get_recipe("fmnist-resnet"), epochs=epochs, **changes), "fmnist-resnet")
+def _fmnist(epochs: float, evals_per_epoch: int = 4, **changes) -> TrainConfig:
+    return _sized(dataclasses.replace(get_recipe("fmnist-resnet"), epochs=epochs, **changes), "fmnist-resnet", evals_per_epoch)
 
 
 @sweep("isweep")
 def isweep(epochs: float = 0.5) -> Plan:
-    """RQ1/RQ3 — ptb-small, N=8: CELGC for I in 2..64 against naive parallel clipping, local SGD
-    (no clipping, I=8) and one worker; same seed, η and γ everywhere.
+    """RQ1/RQ3 — ptb-small, N=8: CELGC with I = 2..64 against naive parallel clipping, local SGD and one worker.
+
+    Same seed, η = 20 and γ = 5 everywhere; local SGD is CELGC without clipping (γ = ∞), I=8.
 
     Naive parallel clipping is CELGC's I=1 counterpart (gradients averaged every step); ``single``
     trains one worker on the whole corpus (an epoch is then 8x as many steps per worker). 9 runs
-    of ``epochs`` epochs each (5,312 worker-steps per epoch).
+    of ``epochs`` epochs each (5,312 worker-steps per epoch), 8 validations per epoch so that the
+    report can find when each run first reaches naive parallel's final perplexity.
     """
     runs = [(f"celgc-I{i}", _ptb(epochs, algorithm="celgc", workers=8, period=i)) for i in (2, 4, 8, 16, 32, 64)]
     runs.append(("naive", _ptb(epochs, algorithm="naive", workers=8, period=1)))
@@ -131,12 +134,14 @@ def isweep(epochs: float = 0.5) -> Plan:
 
 
 @sweep("speedup")
-def speedup(epochs: float = 0.75) -> Plan:
-    """RQ2 — ptb-small, CELGC I=8, per-worker batch b=5 fixed, N in 1, 2, 4, 8 (N=1: one worker).
+def speedup(epochs: float = 1.0) -> Plan:
+    """RQ2 — ptb-small, CELGC I=8 with the per-worker batch b=5 fixed and N = 1, 2, 4, 8.
+
+    N=1 is the ``single`` algorithm (one worker; CELGC with a world of one is the same).
 
     Every run passes over the corpus ``epochs`` times, so N workers take 1/N as many steps each;
     the report compares the steps per worker each needs to reach the same training loss and
-    validation perplexity. 4 runs of ``epochs`` epochs each.
+    validation perplexity. 4 runs of ``epochs`` epochs each, 8 validations per epoch.
     """
     runs = [("single-N1", _ptb(epochs, algorithm="single", workers=1))]
     runs += [(f"celgc-N{n}-I8", _ptb(epochs, algorithm="celgc", workers=n, period=8)) for n in (2, 4, 8)]
@@ -145,39 +150,43 @@ def speedup(epochs: float = 0.75) -> Plan:
 
 @sweep("scenarios")
 def scenarios(epochs: float = 0.5) -> Plan:
-    """RQ4 — ptb-small, N=8: heterogeneous data, partial participation (K=4) and momentum 0.9,
-    CELGC against naive parallel clipping in each.
+    """RQ4 — ptb-small, N=8: CELGC against naive parallel clipping with heterogeneous data, K=4 of 8, momentum 0.9.
 
     * ``naive``: the homogeneous naive parallel baseline; it is also partial participation's
       baseline (the paper compares with full-participation naive parallel, and naive parallel
       clipping has no partial variant: it would ignore ``participants``).
     * Heterogeneous data on PTB means that worker r keeps shard r instead of taking shard
       (r + e) mod N in epoch e; epoch 0 is the same either way, so the two heterogeneous runs get
-      ``max(epochs, 2)`` epochs (the report's epochs column says so).
+      ``epochs + 1`` epochs: one epoch as in every run, then ``epochs`` where the data differs
+      (the report's epochs column says so).
     * Momentum 0.9 makes the effective step about 1/(1-0.9) = 10x longer, so both momentum runs
       scale ptb-small's η = 20 and γ = 5 by 0.1 (η = 2, γ = 0.5: the same clip norm γ/η = 0.25);
       ``celgc-I4-mom0`` keeps η = 20, γ = 5 without momentum.
+
+    The final perplexities are what matter here, so 4 validations per epoch instead of 8.
     """
-    hetero_epochs = max(epochs, 2.0)
     base = get_recipe("ptb-small")
     lr, gamma = base.lr * 0.1, base.gamma * 0.1
+    ptb = functools.partial(_ptb, evals_per_epoch=4, workers=8)
     return [
-        ("naive", _ptb(epochs, algorithm="naive", workers=8, period=1)),
-        ("celgc-I8-hetero", _ptb(hetero_epochs, algorithm="celgc", workers=8, period=8, heterogeneous=True)),
-        ("naive-hetero", _ptb(hetero_epochs, algorithm="naive", workers=8, period=1, heterogeneous=True)),
-        ("celgc-I8-K4", _ptb(epochs, algorithm="celgc", workers=8, period=8, participants=4)),
-        ("celgc-I4-mom0.9-lr0.1x", _ptb(epochs, algorithm="celgc", workers=8, period=4, momentum=0.9, lr=lr, gamma=gamma)),
-        ("naive-mom0.9-lr0.1x", _ptb(epochs, algorithm="naive", workers=8, period=1, momentum=0.9, lr=lr, gamma=gamma)),
-        ("celgc-I4-mom0", _ptb(epochs, algorithm="celgc", workers=8, period=4)),
+        ("naive", ptb(epochs, algorithm="naive", period=1)),
+        ("celgc-I8-hetero", ptb(epochs + 1, algorithm="celgc", period=8, heterogeneous=True)),
+        ("naive-hetero", ptb(epochs + 1, algorithm="naive", period=1, heterogeneous=True)),
+        ("celgc-I8-K4", ptb(epochs, algorithm="celgc", period=8, participants=4)),
+        ("celgc-I4-mom0.9-lr0.1x", ptb(epochs, algorithm="celgc", period=4, momentum=0.9, lr=lr, gamma=gamma)),
+        ("naive-mom0.9-lr0.1x", ptb(epochs, algorithm="naive", period=1, momentum=0.9, lr=lr, gamma=gamma)),
+        ("celgc-I4-mom0", ptb(epochs, algorithm="celgc", period=4)),
     ]
 
 
 @sweep("image")
-def image(epochs: float = 3.0) -> Plan:
-    """RQ5 — Fashion-MNIST, ResNet-8 with BatchNorm (buffers averaged), N=8, b=16, η=0.1, γ=1:
-    CELGC I=8 against naive parallel clipping and local SGD (I=8, no clipping).
+def image(epochs: float = 5.0) -> Plan:
+    """RQ5 — Fashion-MNIST ResNet-8 (BatchNorm), N=8: CELGC I=8 against naive parallel clipping and local SGD.
 
-    3 runs of ``epochs`` epochs each (3,750 worker-steps per epoch).
+    The ``fmnist-resnet`` recipe: b=16, η=0.1, γ=1, weight decay 5e-4, BatchNorm buffers averaged
+    with the parameters; local SGD is CELGC with γ = ∞, I=8.
+
+    3 runs of ``epochs`` epochs each (3,750 worker-steps per epoch), 4 validations per epoch.
     """
     return [
         ("celgc-I8", _fmnist(epochs, algorithm="celgc", workers=8, period=8)),
@@ -239,7 +248,11 @@ def run_sweep(
     on; :class:`SweepFailed` is raised at the end if any did. ``data_root`` is the config's: the
     corpora's folder for PTB, the IDX files' folder for Fashion-MNIST.
     """
-    runs = plan(name, epochs)
+    changes = {k: v for k, v in (("max_steps", max_steps), ("data_root", data_root)) if v is not None}
+    # Every config as it will run, checked before anything is written (a bad override fails here).
+    runs = [(run, apply_overrides(dataclasses.replace(cfg, **changes), list(overrides))) for run, cfg in plan(name, epochs)]
+    for _, cfg in runs:
+        cfg.resolved()
     selected = _select(name, runs, only)
     folder = Path(root) / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -253,8 +266,6 @@ def run_sweep(
     for index, (run_name, cfg) in enumerate(todo, 1):
         out = folder / run_name
         tag = f"[{index}/{len(todo)}] {name}/{run_name}"
-        changes = {k: v for k, v in (("max_steps", max_steps), ("data_root", data_root)) if v is not None}
-        cfg = apply_overrides(dataclasses.replace(cfg, **changes), list(overrides))
         run = RunFolder(out)
         if run.finished:
             outcomes[run_name] = "skipped"
@@ -301,7 +312,8 @@ def _epochs_note(run: RunFolder, cfg: TrainConfig) -> str:
 
 def _short(cfg: TrainConfig) -> str:
     r = cfg.resolved()
-    text = f"{r.algorithm} N={r.workers} I={r.period} η={r.lr:g} γ={r.gamma:g} epochs={r.epochs:g}"
+    period = "" if r.algorithm == "single" else f" I={1 if r.algorithm == 'naive' else r.period}"
+    text = f"{r.algorithm} N={r.workers}{period} η={r.lr:g} γ={r.gamma:g} epochs={r.epochs:g}"
     if r.momentum:
         text += f" μ={r.momentum:g}"
     if r.heterogeneous:
