@@ -39,7 +39,7 @@ def ptb_small() -> TrainConfig:
         task="lm", dataset="ptb", model="lstm",
         model_options=dict(emb_size=200, hidden_size=200, num_layers=2, dropout=0.0, tie_weights=True),
         algorithm="celgc", workers=4, period=8, lr=20.0, gamma=5.0, batch_size=5,
-        epochs=1.0, bptt=35, eval_bptt=35, eval_batch_size=10, test_batch_size=2,
+        epochs=1.0, bptt=20, eval_bptt=35, eval_batch_size=10, test_batch_size=2,
         seed=2020, log_interval=50, checkpoint_interval=200,
     )
 

@@ -145,6 +145,11 @@ class TrainConfig:
             bad("timeout", "must be > 0 seconds")
         if self.optimizer_state not in ("local", "average", "reset"):
             bad("optimizer_state", "expected local, average or reset")
+        if self.participants is not None and self.algorithm in ("naive", "single"):
+            bad("participants", f"partial participation applies to celgc and local-sgd, not {self.algorithm}")
+        if self.eval_interval and self.algorithm in ("celgc", "local-sgd") and self.eval_interval % self.period:
+            # Evaluations score the averaged model, which exists only at the end of a period.
+            bad("eval_interval", f"must be a multiple of period={self.period}")
         if self.eval_interval < 0 or self.asgd_patience < 0:
             bad("eval_interval" if self.eval_interval < 0 else "asgd_patience", "must be >= 0")
         return self

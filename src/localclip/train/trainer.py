@@ -90,6 +90,7 @@ class Trainer:
         self._interval = torch.zeros(3, dtype=torch.float64)  # loss sum, steps, clipped steps
         self._clipped_seen = 0
         self._resume_state = None
+        self._eval_cache: dict = {}
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint: restored when its epoch's batches have been set up."""
@@ -148,13 +149,15 @@ class Trainer:
                 if position >= limit:
                     break
                 position += 1
-                comm_before = self.comm.seconds
+                comm_before, waited_before = self.comm.seconds, self.comm.waited
                 t0 = time.perf_counter()
                 loss = self.train_step(batch, scale)
                 dt = time.perf_counter() - t0
+                # A simulated worker's wait for the others' turns is neither its compute nor
+                # communication: leave it out of both.
                 comm_dt = self.comm.seconds - comm_before
                 self.time_comm += comm_dt
-                self.time_compute += dt - comm_dt
+                self.time_compute += dt - comm_dt - (self.comm.waited - waited_before)
                 self.step += 1
                 self._interval[0] += loss.double()
                 self._interval[1] += 1
@@ -271,13 +274,20 @@ class Trainer:
                 for a, p in zip(self.asgd_avg, params):
                     a.add_(p - a, alpha=1.0 / self.asgd_count)
 
+    def _evaluate(self, split: str) -> dict:
+        """Evaluate once per (step, split): the final evaluation reuses the end-of-epoch one."""
+        key = (self.step, self.workload.split_name(split), self.asgd_count)
+        if key not in self._eval_cache:
+            self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split)}
+        return self._eval_cache[key]
+
     def _log_eval(self, splits, final: bool = False) -> dict:
         swapped = self._swap_in_asgd_average()
         try:
             result = {}
             for split in splits:
                 prefix = "val" if split == "valid" else "test"
-                for k, v in self.workload.evaluate(split).items():
+                for k, v in self._evaluate(split).items():
                     result[f"{prefix}/{k}"] = v
         finally:
             if swapped is not None:

@@ -75,6 +75,10 @@ class LMWorkload:
             return ce + ar_tar_penalty(out, self.config.ar_alpha, self.config.tar_beta), ce
         return ce, ce
 
+    @staticmethod
+    def split_name(split: str) -> str:
+        return split
+
     def state_dict(self) -> dict:
         return {"stream": self.stream.state_dict(), "hidden": detach_hidden(self.hidden)}
 
@@ -150,6 +154,10 @@ class ImageWorkload:
         x, y = batch
         ce = F.cross_entropy(self.model(x), y)
         return ce, ce
+
+    @staticmethod
+    def split_name(split: str) -> str:
+        return "test"  # as in the paper, the held-out set of image runs is the test set
 
     def state_dict(self) -> dict:
         return {"stream": self.stream.state_dict()}
