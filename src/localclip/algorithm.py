@@ -39,6 +39,18 @@ class DistributedAlgorithm(torch.optim.Optimizer):
     averager: PeriodicAverager
     comm: Communicator
 
+    def _compose(self, module: nn.Module, period: int, group, averager_options: dict, **optimizer_options) -> None:
+        """Build the ClippedSGD over ``module``'s trainable parameters and its averager."""
+        self.comm = group if group is not None else current()
+        params = [p for p in module.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
+        optimizer = ClippedSGD(params, **optimizer_options)
+        # The averager re-homes the parameters into flat buffers; the optimizer holds the same
+        # Parameter objects, so it follows.
+        self.averager = PeriodicAverager(module, period, group=self.comm, optimizer=optimizer, **averager_options)
+        self._init_facade(optimizer)
+
     def _init_facade(self, optimizer: ClippedSGD) -> None:
         self.optimizer = optimizer
         self.param_groups = optimizer.param_groups
@@ -146,18 +158,10 @@ class CELGC(DistributedAlgorithm):
         group: Communicator | None = None,
         **averager_options,
     ):
-        self.comm = group if group is not None else current()
-        params = [p for p in module.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
-        optimizer = ClippedSGD(
-            params, lr, gamma, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, clip_mode=clip_mode, foreach=foreach, fused=fused,
+        self._compose(
+            module, period, group, averager_options, lr=lr, gamma=gamma, momentum=momentum, dampening=dampening,
+            weight_decay=weight_decay, nesterov=nesterov, clip_mode=clip_mode, foreach=foreach, fused=fused,
         )
-        # The averager re-homes the parameters into flat buffers; the optimizer holds the same
-        # Parameter objects, so it follows.
-        self.averager = PeriodicAverager(module, period, group=self.comm, optimizer=optimizer, **averager_options)
-        self._init_facade(optimizer)
         self._round_started = True  # iteration 0 starts a round (everyone holds rank 0's model)
 
     @property
@@ -214,17 +218,12 @@ class NaiveParallelClipping(DistributedAlgorithm):
         group: Communicator | None = None,
         **averager_options,
     ):
-        self.comm = group if group is not None else current()
-        params = [p for p in module.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
-        optimizer = ClippedSGD(
-            params, lr, gamma, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, clip_mode="local", foreach=foreach, fused=fused,
+        # Period 1, but the averager only serves the initial broadcast and the explicit
+        # end-of-epoch average(): step() never calls it.
+        self._compose(
+            module, 1, group, averager_options, lr=lr, gamma=gamma, momentum=momentum, dampening=dampening,
+            weight_decay=weight_decay, nesterov=nesterov, clip_mode="local", foreach=foreach, fused=fused,
         )
-        # Only used for the explicit end-of-epoch average() and for the initial broadcast.
-        self.averager = PeriodicAverager(module, 1, group=self.comm, optimizer=optimizer, **averager_options)
-        self._init_facade(optimizer)
 
     @torch.no_grad()
     def step(self, closure=None):
