@@ -1,0 +1,304 @@
+"""Benchmark: one optimizer step on the AWD-LSTM PTB parameter set (24,221,600 parameters).
+
+Every variant applies clipped SGD, ``x <- x - min(lr, gamma/||g||) * (g + wd*x)``, to the
+parameters of the real ``AWDLSTM(10000)`` (14 tensors) with fixed random gradients of norm about
+1, so with ``lr=30, gamma=7.5`` the clip factor is about 0.25 and clipping is active:
+
+  (a) torch's pair: ``clip_grad_norm_(gamma/lr, foreach=True)`` + ``SGD(foreach=True).step()``
+      -- the BASELINE (ratio 1.0);
+  (b) the paper's reference-experiment style: per-parameter Python loop, host-synced norm;
+  (c) ``localclip.ClippedSGD`` with its defaults (fused path: BLAS-dot norm + ``_fused_sgd_``);
+  (d) ``ClippedSGD(foreach=True, fused=False)``;
+  (e) ``ClippedSGD(foreach=False, fused=False)`` (the reference loop).
+
+A second table repeats (a) and (c) with momentum 0.9. The first also times the two halves of (c)
+alone (its norm; its fused update), which are not variants: they show where its time goes.
+
+Timing protocol: ``clip_grad_norm_`` rescales the gradients in place, so before *every* timed
+step of *every* variant the gradients are re-copied from a saved copy, outside the timed region
+(same cache state for all variants; the copy is not counted). Parameters are not restored: their
+values do not change the cost. Variants run interleaved (a b c d e, a b c d e, ..., with the
+starting variant rotated each round) so that load from other work on the machine hits them all
+alike; the table shows medians and two ratios to (a): of the medians, and the median of the
+per-round ratios (paired, the less noisy of the two).
+
+Before timing, a parity check runs every variant from the same start on the same gradients and
+compares its update ``u = x1 - x0`` with the update computed from the formula: in float64 (as
+torch.optim's tests do) every variant must agree to 1e-5 relative; in float32, the timed dtype,
+the tolerance adds the float32 rounding error of the gradient norm the variant uses (torch's CPU
+norm kernel loses ~1e-4 relative on these multi-million-element tensors, the BLAS dot products of
+``ClippedSGD`` ~1e-5; the check prints both). Torch's pair decays by ``lr*wd*x`` while clipped SGD
+decays by ``min(lr, gamma/||g||)*wd*x`` (the documented difference of ``ClippedSGD``), so at
+``wd=1.2e-6`` (a) differs from the others by a predicted amount, which is checked instead.
+
+    PYTHONPATH=src python benchmarks/bench_optimizer.py            # ~1 min quiet, ~2.5 min loaded (2 cores)
+    PYTHONPATH=src python benchmarks/bench_optimizer.py --threads 1  # steadier on a busy machine
+    PYTHONPATH=src python benchmarks/bench_optimizer.py --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+from localclip import ClippedSGD  # noqa: E402
+from localclip.models import AWDLSTM  # noqa: E402
+from localclip.optim.clipped_sgd import grad_norm  # noqa: E402
+
+LR, GAMMA, WD = 30.0, 7.5, 1.2e-6
+TOL = 1e-5
+
+
+def make_problem(seed: int = 0):
+    torch.manual_seed(seed)
+    model = AWDLSTM(10000)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n = sum(p.numel() for p in params)
+    # Gradient norm ~1, so gamma / (lr * ||g||) ~ 0.25: clipped, but not to nothing.
+    grads = [torch.randn_like(p) / math.sqrt(n) for p in params]
+    return model, params, grads
+
+
+# -- the variants: each returns a step() callable over `params` (whose .grad is set) ----------
+
+
+def torch_pair(params, momentum=0.0, wd=WD):
+    opt = torch.optim.SGD(params, lr=LR, momentum=momentum, weight_decay=wd, foreach=True)
+
+    def step():
+        torch.nn.utils.clip_grad_norm_(params, GAMMA / LR, foreach=True)
+        opt.step()
+
+    return step
+
+
+def reference_loop(params, momentum=0.0, wd=WD):
+    assert momentum == 0.0
+
+    @torch.no_grad()
+    def step():
+        total = sum(p.grad.norm() ** 2 for p in params) ** 0.5
+        coef = min(LR, GAMMA / total.item())
+        for p in params:
+            d = p.grad + wd * p
+            p.add_(d, alpha=-coef)
+
+    return step
+
+
+def clipped_sgd(params, momentum=0.0, wd=WD, **kw):
+    opt = ClippedSGD(params, lr=LR, gamma=GAMMA, momentum=momentum, weight_decay=wd, **kw)
+    return opt.step
+
+
+VARIANTS = {
+    "(a) torch clip_grad_norm_ + SGD, foreach [BASELINE]": torch_pair,
+    "(b) reference style: Python loop, .item() norm": reference_loop,
+    "(c) ClippedSGD default (fused)": clipped_sgd,
+    "(d) ClippedSGD foreach=True, fused=False": lambda p, **kw: clipped_sgd(p, foreach=True, fused=False, **kw),
+    "(e) ClippedSGD foreach=False, fused=False (loop)": lambda p, **kw: clipped_sgd(p, foreach=False, fused=False, **kw),
+}
+
+
+def norm_part(params, momentum=0.0, wd=WD):
+    return lambda: grad_norm([p.grad for p in params])
+
+
+def update_part(params, momentum=0.0, wd=WD):
+    # What ClippedSGD's fused path calls once it has the step size (a 0-dim tensor).
+    step_size, found_inf = torch.tensor(0.25), torch.zeros(())
+    return lambda: torch._fused_sgd_(
+        params, [p.grad for p in params], [], weight_decay=wd, momentum=0.0, lr=step_size, dampening=0.0,
+        nesterov=False, maximize=False, is_first_step=False, found_inf=found_inf)
+
+
+# Not variants (they do not update the model alone): the two halves of (c), timed with the rest to
+# show where its time goes.
+PARTS = {
+    "  (c) part 1: its norm, grad_norm (BLAS dots)": norm_part,
+    "  (c) part 2: its update, torch._fused_sgd_": update_part,
+}
+MOMENTUM_VARIANTS = {
+    "(a) torch clip_grad_norm_ + SGD, foreach [BASELINE]": torch_pair,
+    "(c) ClippedSGD default (fused)": clipped_sgd,
+}
+
+
+def set_grads(params, grads):
+    for p, g in zip(params, grads):
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+
+
+# -- parity --------------------------------------------------------------------------------------
+
+
+def updates(variants, params, grads, steps, **kw):
+    """Each variant's total update x_steps - x0 from the same x0 on the same (fixed) gradients."""
+    x0 = [p.detach().clone() for p in params]
+    out = {}
+    for name, make in variants.items():
+        with torch.no_grad():
+            for p, x in zip(params, x0):
+                p.copy_(x)
+        step = make(params, **kw)
+        for _ in range(steps):
+            set_grads(params, grads)
+            step()
+        out[name] = torch.cat([(p.detach() - x).reshape(-1) for p, x in zip(params, x0)])
+    with torch.no_grad():
+        for p, x in zip(params, x0):
+            p.copy_(x)
+    return out, torch.cat([x.reshape(-1) for x in x0])
+
+
+def rel(a, b):
+    return (a.double() - b.double()).norm().item() / b.double().norm().item()
+
+
+def exact_update(x0, g, wd):
+    """Clipped SGD's update in float64, from the class docstring: -min(lr, gamma/|g|) (g + wd x)."""
+    g = g.double()
+    return -min(LR, GAMMA / g.norm().item()) * (g + wd * x0.double())
+
+
+# How each variant computes the gradient norm: its float32 rounding is the variants' only
+# difference in float32 (torch's CPU norm kernel loses ~1e-4 on multi-million-element tensors).
+NORMS = {
+    "(a)": lambda gs: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs))),
+    "(b)": lambda gs: sum(g.norm() ** 2 for g in gs) ** 0.5,
+    "(c)": grad_norm, "(d)": grad_norm, "(e)": grad_norm,
+}
+
+
+def parity(params, grads):
+    """The same update from every variant, checked in float64 (as torch.optim's tests do), and
+    the float32 differences explained by the norm's rounding."""
+    ok = True
+
+    def report(label, r, tol, note=""):
+        nonlocal ok
+        ok &= r <= tol
+        print(f"  {label:<34} {r:9.2e}  (tol {tol:.1e}) {'ok' if r <= tol else 'MISMATCH'}{note}")
+
+    p64 = [torch.nn.Parameter(p.detach().double()) for p in params]
+    g64 = [g.double() for g in grads]
+    gflat = torch.cat([g.reshape(-1) for g in g64])
+    clip = min(1.0, GAMMA / (LR * gflat.norm().item()))
+    print(f"Parity: relative difference |u - u_exact| / |u_exact| of each update u = x1 - x0")
+    print(f"  gradient norm {gflat.norm().item():.4f}; clip factor min(1, gamma/(lr*|g|)) = {clip:.4f}")
+    print("  float64 (every variant implements the same math):")
+    for wd in (0.0, WD):
+        ups, x0 = updates(VARIANTS, p64, g64, steps=1, wd=wd)
+        ref = exact_update(x0, gflat, wd)
+        for name, u in ups.items():
+            r = rel(u, ref)
+            if name.startswith("(a)") and wd:
+                # Torch's pair decays by lr*wd*x, clipped SGD by clip*lr*wd*x (documented).
+                pred = (LR * wd * (1 - clip) * x0).norm().item() / ref.norm().item()
+                report(f"wd={wd:g} {name[:3]} vs clipped SGD", abs(r - pred) / pred, 1e-3,
+                       f"  [differs by {r:.2e} = predicted {pred:.2e}: decay not clipped in torch's pair]")
+            else:
+                report(f"wd={wd:g} {name[:3]}", r, TOL)
+    # With fixed gradients the clip factor is the same every step, so without weight decay the
+    # two momentum variants agree over several steps (their buffers differ by that factor only).
+    ups, _ = updates(MOMENTUM_VARIANTS, p64, g64, steps=3, momentum=0.9, wd=0.0)
+    a, c = ups.values()
+    report("momentum 0.9, wd=0, 3 steps: (a)-(c)", rel(a, c), TOL)
+
+    print(f"  float32 (timed dtype), wd={WD:g}; tol = {TOL:g} + the float32 error of the variant's norm:")
+    ups, x0 = updates(VARIANTS, params, grads, steps=1, wd=WD)
+    ref = exact_update(x0, gflat, WD)
+    for name, u in ups.items():
+        key = name[:3]
+        nerr = abs(NORMS[key](grads).double().item() / gflat.norm().item() - 1)
+        if key == "(a)":
+            ref_a = -LR * (clip * gflat + WD * x0.double())  # torch's pair's own math
+            report(f"{key} vs its own float64 math", rel(u, ref_a), TOL + nerr, f"  [norm error {nerr:.1e}]")
+        else:
+            report(key, rel(u, ref), TOL + nerr, f"  [norm error {nerr:.1e}]")
+    return ok
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+
+def bench(variants, params, grads, repeats, warmup, **kw):
+    steps = {name: make(params, **kw) for name, make in variants.items()}
+    names = list(steps)
+    times = {n: [] for n in names}
+    for r in range(warmup + repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            set_grads(params, grads)  # outside the timed region, before every variant alike
+            t0 = time.perf_counter()
+            steps[n]()
+            dt = time.perf_counter() - t0
+            if r >= warmup:
+                times[n].append(dt)
+    return times
+
+
+def table(title, times):
+    names = list(times)
+    base = times[names[0]]
+    med_base = statistics.median(base)
+    print(f"\n{title}")
+    print(f"{'variant':<54} {'median ms':>10} {'IQR ms':>13} {'ratio':>6} {'paired':>7}")
+    for n in names:
+        t = times[n]
+        q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0], t[0], t[0]]
+        paired = statistics.median(x / b for x, b in zip(t, base))
+        print(f"{n:<54} {1e3 * statistics.median(t):>10.1f} {1e3 * q[0]:>6.1f}-{1e3 * q[2]:<6.1f} "
+              f"{statistics.median(t) / med_base:>6.2f} {paired:>7.2f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=40, help="timed rounds per variant (default 40)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
+    ap.add_argument("--quick", action="store_true", help="5 timed rounds, 1 warm-up")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--skip-parity", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.warmup = 5, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model, params, grads = make_problem()
+    n = sum(p.numel() for p in params)
+    print(f"bench_optimizer  {datetime.date.today()}  torch {torch.__version__}  {platform.machine()} "
+          f"cpus={os.cpu_count()} threads={torch.get_num_threads()}  load avg {os.getloadavg()[0]:.2f}")
+    print(f"AWDLSTM(10000): {n:,} parameters in {len(params)} tensors; lr={LR} gamma={GAMMA} wd={WD}; "
+          f"{args.repeats} timed rounds, interleaved")
+    ok = True
+    if not args.skip_parity:
+        ok = parity(params, grads)
+
+    times = bench({**VARIANTS, **PARTS}, params, grads, args.repeats, args.warmup)
+    table("Momentum 0 (ratio = median / median of (a); paired = median of per-round ratios)", times)
+    times = bench(MOMENTUM_VARIANTS, params, grads, args.repeats, args.warmup, momentum=0.9)
+    table("Momentum 0.9", times)
+    print("\nTarget (issue): ClippedSGD default <= 0.40x torch's pair.")
+    print(f"load avg at end {os.getloadavg()[0]:.2f}")
+    if not ok:
+        print("PARITY CHECK FAILED")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
