@@ -7,6 +7,7 @@ Layout::
     RUN/summary.json          written last: its presence marks a finished run
     RUN/checkpoints/latest.json         {"step": S, "world_size": N}: the newest complete set
     RUN/checkpoints/step-S/rank-R.pt    one file per worker
+    RUN/tensorboard/          the same records as TensorBoard events, when tensorboard is installed
 
 Every file is written to a temporary name and renamed into place, and ``latest.json`` moves only
 after every worker's file of that step exists, so a crash at any moment leaves the previous
@@ -25,6 +26,15 @@ import torch
 from localclip.errors import RunFolderError
 
 __all__ = ["RunFolder", "atomic_write_text", "atomic_torch_save"]
+
+
+def _tensorboard_writer(folder: Path):
+    """A TensorBoard writer when the ``tensorboard`` package is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(log_dir=str(folder))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -52,6 +62,7 @@ class RunFolder:
         self.summary_path = self.path / "summary.json"
         self.checkpoints = self.path / "checkpoints"
         self._metrics = None
+        self._tensorboard = None
 
     # -- state of the folder -------------------------------------------------------------------
 
@@ -127,19 +138,26 @@ class RunFolder:
     def log(self, record: dict) -> None:
         if self._metrics is None:
             self._metrics = open(self.metrics_path, "a", encoding="utf-8")
+            self._tensorboard = _tensorboard_writer(self.path / "tensorboard")
         self._metrics.write(json.dumps(record, sort_keys=True) + "\n")
         self._metrics.flush()
+        if self._tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "final"):
+                    self._tensorboard.add_scalar(key, value, record["step"])
+            self._tensorboard.flush()
 
     def finish(self, summary: dict) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
+        self.close()
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
 
     # -- checkpoints ---------------------------------------------------------------------------
 
