@@ -105,3 +105,11 @@ def test_resume_after_a_kill_is_bit_identical(tmp_path):
         assert resumed[key] == straight[key], key
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
     assert strip(records(out)) == strip(records(tmp_path / "straight"))
+
+
+def test_a_diverged_run_reports_infinite_perplexity(tmp_path):
+    """Local SGD without clipping at a huge η blows up; the run still ends with a summary."""
+    code, out = train(tmp_path, "--algorithm", "local-sgd", "--workers", "2", "--period", "2", "--max-steps", "6", "--lr", "1e6")
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["val/ppl"] == math.inf or math.isnan(summary["val/ppl"])

@@ -240,7 +240,7 @@ class Trainer:
             "step": self.step,
             "epoch": self._epoch_progress(),
             "train/loss": loss_sum / steps,
-            "train/ppl": math.exp(min(loss_sum / steps, 50)) if self.workload.metric == "ppl" else None,
+            "train/ppl": (math.exp(loss_sum / steps) if loss_sum / steps < 709 else math.inf) if self.workload.metric == "ppl" else None,
             "clip/fraction": clipped_sum / steps,
             "comm/rounds": self.algorithm.rounds,
             "comm/bytes": self.algorithm.bytes_communicated,

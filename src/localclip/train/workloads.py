@@ -112,7 +112,9 @@ class LMWorkload:
             self.model.train(was_training)
         self.comm.all_reduce([total])
         loss = (total[0] / total[1]).item()
-        return {"loss": loss, "ppl": math.exp(loss)}
+        # A diverged model (local SGD without clipping at the paper's η) has a loss whose exp
+        # overflows: its perplexity is infinite, which JSON records as Infinity.
+        return {"loss": loss, "ppl": math.exp(loss) if loss < 709 else math.inf}
 
 
 class ImageWorkload:
