@@ -87,7 +87,8 @@ class Trainer:
         self.asgd_count = 0
         self.time_compute = 0.0
         self.time_comm = 0.0
-        self._interval = torch.zeros(3, dtype=torch.float64)  # loss sum, steps, clipped steps
+        # loss sum, steps; the third slot is unused but stays so that checkpoints keep their shape
+        self._interval = torch.zeros(3, dtype=torch.float64)
         self._clipped_seen = 0
         self._resume_state = None
         self._eval_cache: dict = {}
