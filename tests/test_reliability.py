@@ -41,12 +41,16 @@ def test_kill_9_of_a_worker_under_torchrun_resumes_and_matches_an_uninterrupted_
     if not torchrun.exists():
         pytest.skip("torchrun not installed next to this Python")
     # One thread everywhere, so the simulated and the torchrun workers run the same kernels.
-    args = ["--workers", "2", "--period", "3", "--max-steps", "40", "--set", "checkpoint_interval=5", "--set", "threads=1"]
+    # A short collective timeout: a restarted group that fails to connect gives up quickly and
+    # torchrun tries again, instead of waiting out the default 300 s.
+    args = ["--workers", "2", "--period", "3", "--max-steps", "40", "--set", "checkpoint_interval=5", "--set", "threads=1", "--set", "timeout=20"]
     assert main(["train", "ptb-small", *args, "--out", str(tmp_path / "straight"), *SMOKE]) == 0
     straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
 
     out = tmp_path / "elastic"
-    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "localclip.cli",
+    # One restart is what the kill needs; two spares, because a restarted gloo group sometimes
+    # fails its first connect here ("Gloo connectFullMesh failed ... Connection refused").
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "-m", "localclip.cli",
            "train", "ptb-small", "--runtime", "torchrun", "--resume", *args, "--out", str(out), *SMOKE]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
