@@ -103,9 +103,15 @@ def plot_runs(folders: list[str], out: str | Path, *, bandwidth: float = 1e9, la
                 y = [r.get(key, math.nan) for r in records]
                 axes[row][col].plot(x, y, marker="." if len(x) < 30 else None, label=run["label"])
         axes[0][3].plot([r["epoch"] for r in run["train"]], [r.get("clip/fraction", math.nan) for r in run["train"]], label=run["label"])
+    # A diverged run (local SGD without clipping) would squash every other curve: let it leave
+    # the top of the loss panels instead.
+    losses = sorted(v for run in runs for r in run["train"] if math.isfinite(v := r.get("train/loss", math.nan)))
+    loss_top = min(losses[-1], 2 * losses[len(losses) // 2]) * 1.05 if losses else None
     for row, key in enumerate(("train/loss", val_key)):
         for col, (xkey, xlabel) in enumerate(xs):
             ax = axes[row][col]
+            if key == "train/loss" and loss_top is not None:
+                ax.set_ylim(losses[0] * 0.95, loss_top)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(key)
             if xkey == "comm/rounds":
