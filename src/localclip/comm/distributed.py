@@ -48,8 +48,28 @@ def init(
             raise ValueError("init with store_path needs rank and world_size")
         store = dist.FileStore(os.fspath(store_path), world_size)
         kwargs.update(store=store, rank=rank, world_size=world_size)
+    elif "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        kwargs.update(_elastic_store(timeout))
     dist.init_process_group(**kwargs)
     return ProcessGroupCommunicator(timeout=timeout)
+
+
+def _elastic_store(timeout: float) -> dict:
+    """The torchrun store, with keys namespaced by restart attempt.
+
+    After torchrun restarts a group, the store can still hold the gloo addresses that the
+    previous attempt's workers published; a new worker that reads a dead peer's address fails
+    with "Gloo connectFullMesh failed ... Connection refused". A prefix per attempt keeps each
+    attempt's rendezvous to itself.
+    """
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=not agent_store and rank == 0, timeout=datetime.timedelta(seconds=timeout),
+    )
+    prefix = f"localclip/attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}"
+    return dict(store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size)
 
 
 def shutdown() -> None:

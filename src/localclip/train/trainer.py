@@ -92,6 +92,7 @@ class Trainer:
         self._clipped_seen = 0
         self._resume_state = None
         self._eval_cache: dict = {}
+        self._position, self._num_batches = 0, 1
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint: restored when its epoch's batches have been set up."""
@@ -145,11 +146,12 @@ class Trainer:
                 self._restore(self._resume_state)
                 self._resume_state = None
             limit = self._epoch_limit(epoch, num_batches)
-            position = self.workload_position()
+            self._num_batches = num_batches
+            self._position = self.workload_position()
             for batch, scale in self.workload.batches():
-                if position >= limit:
+                if self._position >= limit:
                     break
-                position += 1
+                self._position += 1
                 comm_before, waited_before = self.comm.seconds, self.comm.waited
                 t0 = time.perf_counter()
                 loss = self.train_step(batch, scale)
@@ -207,7 +209,9 @@ class Trainer:
 
     def _epoch_progress(self) -> float:
         """Epochs done so far, fractional within an epoch."""
-        return self.epoch + min(1.0, self.workload_position() / max(1, len(self.workload.stream)))
+        # Counted here, not read from the stream: an image stream moves on to the next epoch as
+        # soon as it is exhausted.
+        return self.epoch + min(1.0, self._position / max(1, self._num_batches))
 
     def workload_position(self) -> int:
         stream = self.workload.stream
