@@ -197,7 +197,7 @@ def parity(params, grads):
     g64 = [g.double() for g in grads]
     gflat = torch.cat([g.reshape(-1) for g in g64])
     clip = min(1.0, GAMMA / (LR * gflat.norm().item()))
-    print(f"Parity: relative difference |u - u_exact| / |u_exact| of each update u = x1 - x0")
+    print("Parity: relative difference |u - u_exact| / |u_exact| of each update u = x1 - x0")
     print(f"  gradient norm {gflat.norm().item():.4f}; clip factor min(1, gamma/(lr*|g|)) = {clip:.4f}")
     print("  float64 (every variant implements the same math):")
     for wd in (0.0, WD):
