@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import warnings
 from pathlib import Path
 
 import pytest
+from shared_data import shared_data_root
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,17 +35,7 @@ EXPECTED = {
 }
 
 
-def _shared_data_root() -> Path | None:
-    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data"]
-    if os.environ.get("LOCALCLIP_DATA"):
-        candidates.append(Path(os.environ["LOCALCLIP_DATA"]))
-    for root in candidates:
-        if all((root / spec.folder / "train.txt").is_file() for spec in CORPORA.values()):
-            return root
-    return None
-
-
-SHARED = _shared_data_root()
+SHARED = shared_data_root()
 needs_shared = pytest.mark.skipif(SHARED is None, reason="shared corpora (shared/data or $LOCALCLIP_DATA) not present")
 
 

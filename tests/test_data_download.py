@@ -10,23 +10,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from shared_data import shared_data_root
 
 from localclip.data.corpora import CORPORA, file_sha256, load_corpus
 from localclip.data.download import SOURCES, download_corpus
 from localclip.errors import DataError
 
 
-def _shared_data_root() -> Path | None:
-    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data"]
-    if os.environ.get("LOCALCLIP_DATA"):
-        candidates.append(Path(os.environ["LOCALCLIP_DATA"]))
-    for root in candidates:
-        if all((root / spec.folder / "train.txt").is_file() for spec in CORPORA.values()):
-            return root
-    return None
-
-
-SHARED = _shared_data_root()
+SHARED = shared_data_root()
 pytestmark = pytest.mark.skipif(SHARED is None, reason="shared corpora (shared/data or $LOCALCLIP_DATA) not present")
 
 

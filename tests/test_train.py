@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from localclip.cli import main
+from shared_data import shared_data_root
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not (SHARED / "ptbdataset" / "train.txt").exists() and os.environ.get("LOCALCLIP_DATA"):
-    SHARED = Path(os.environ["LOCALCLIP_DATA"])
+SHARED = shared_data_root() or Path(__file__).resolve().parents[2] / "shared" / "data"
 pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 
 SMOKE = ["--data-root", str(SHARED), "--no-progress", "--set", "eval_tokens=2000", "--set", "log_interval=3"]
