@@ -7,8 +7,9 @@ each after a ``dist.barrier()``:
 
   (i)   BASELINE: one ``dist.all_reduce`` of a preallocated flat float32 buffer with as many
         elements as the averager sends (the transport's limit: the least any round can cost);
-  (ii)  ``localclip.PeriodicAverager.average()`` (flat buffer backing the parameters, isfinite
-        check, weight element, one in-place all-reduce, one division);
+  (ii)  ``localclip.PeriodicAverager.average()`` (flat buffer backing the parameters, a
+        read-only non-finite check, weight element, the all-reduce in 8 MiB chunks, each divided
+        by the number of workers on arrival while the rest are in flight);
   (iii) torch's ``torch.distributed.algorithms.model_averaging.utils.average_parameters``
         (``cat`` into a new flat buffer, divide, all-reduce, re-point ``p.data``);
   (iv)  per-tensor ``dist.reduce`` to rank 0 then ``dist.broadcast``, then a division, per
@@ -19,11 +20,11 @@ which would break the averager's views). A round's time is that of the slowest r
 is over when every worker has its average); rank 0 gathers them and prints medians and ratios to
 (i): of the medians, and the median of per-round ratios (paired, less sensitive to load changes).
 
-With ``--profile`` (default: at the first world size) three more tables: (i), (i) through
-localclip's ``Communicator.all_reduce``, the real (ii), a trimmed copy of ``PeriodicAverager.average()`` timed phase by phase, and two candidate fixes
-(A: the non-finite check by ``torch.aminmax``; B: check and division fused into one pass before
-the all-reduce), all interleaved, after checking that the candidates give the real round's
-result (also with a NaN on rank 1); the phases; and the local passes over the flat buffer alone.
+With ``--profile`` (default: at the first world size) a second table times (ii) with other chunk
+sizes, one chunk (no overlap: transport, then one division pass) up to 32 MiB, after checking that
+every chunking gives the one-chunk average (also with a NaN on rank 1, which must then be left
+out): bit for bit for 2 workers; for more, gloo's ring adds in an order that depends on where an
+element falls in its buffer, so they may differ by float32 rounding.
 
     PYTHONPATH=src python benchmarks/bench_averaging.py                   # world sizes 2 and 4, ~2 min
     PYTHONPATH=src python benchmarks/bench_averaging.py --world-sizes 2 --quick
@@ -73,32 +74,6 @@ def per_tensor_average(params, world_size):
         p.data.div_(world_size)
 
 
-def average_in_phases(avg: PeriodicAverager, clock) -> None:
-    """A trimmed copy of ``PeriodicAverager.average()`` for the default configuration (every worker
-    takes part, ``skip_nonfinite=True``, no optimizer state), with ``clock(phase)`` after each
-    phase. Keep in step with ``src/localclip/averaging.py``."""
-    avg._check_views()
-    clock("check views")
-    weight = 1.0
-    if not all(bool(torch.isfinite(b.values).all()) for b in avg._buckets):
-        weight = 0.0
-    clock("isfinite(values).all()")
-    for b in avg._buckets:
-        if weight == 0.0:
-            b.flat.zero_()
-        b.weight.fill_(weight)
-    clock("weight fill")
-    avg._collective("model averaging", lambda: avg.comm.all_reduce([b.flat for b in avg._buckets]))
-    clock("all_reduce (Communicator)")
-    total = float(avg._buckets[0].weight)
-    clock("float(weight)")
-    for b in avg._buckets:
-        b.flat.div_(total)
-    clock("div_(total)")
-    avg.rounds += 1
-    avg.bytes_communicated += sum(b.nbytes for b in avg._buckets)
-
-
 def worker(repeats: int, warmup: int, phases: bool):
     comm = current()
     rank, world = comm.rank, comm.world_size
@@ -119,9 +94,10 @@ def worker(repeats: int, warmup: int, phases: bool):
     times = _interleave(ops, repeats, warmup)
     result = {"numel": n, "threads": torch.get_num_threads(), "times": _slowest(times)}
     if phases:
-        result["check"] = _check_candidates(averager)
-        result["profile"], result["phases"] = _profile(averager, flat, repeats, warmup)
-        result["local"] = _local_candidates(averager, repeats, warmup)
+        del model_iii, model_iv, params_iii, params_iv  # room for the chunked copies
+        averagers = _chunk_averagers(rank, comm)
+        result["check"] = _check_chunkings(averagers)
+        result["chunks"] = _profile_chunks(averagers, flat, repeats, warmup)
     return result if rank == 0 else None
 
 
@@ -150,150 +126,44 @@ def _slowest(times):
     return out
 
 
-def average_aminmax(avg: PeriodicAverager) -> None:
-    """Candidate fix A: ``average()`` with the non-finite check done by ``torch.aminmax``.
-
-    ``torch.isfinite(t)`` is composite on the CPU (``t.eq(t) * t.abs().ne(inf)``: four full passes
-    and four fresh buffers, one of them as large as ``t``, then ``.all()``: a fifth pass), about 20
-    times one read of ``t``; ``aminmax`` is one read-only pass.
-    Exactly equivalent: min and max propagate NaN, and an infinity shows up as the min or the max.
-    """
-    avg._check_views()
-    weight = 1.0
-    for b in avg._buckets:
-        lo, hi = torch.aminmax(b.values)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            weight = 0.0
-    for b in avg._buckets:
-        if weight == 0.0:
-            b.flat.zero_()
-        b.weight.fill_(weight)
-    avg._collective("model averaging", lambda: avg.comm.all_reduce([b.flat for b in avg._buckets]))
-    total = float(avg._buckets[0].weight)
-    for b in avg._buckets:
-        b.flat.div_(total)
+CHUNKS = {"one chunk (no overlap)": 1 << 40, "2 MiB chunks": 2 << 20, "8 MiB chunks (default)": 8 << 20,
+          "32 MiB chunks": 32 << 20}
 
 
-def average_prescaled(avg: PeriodicAverager) -> None:
-    """Candidate fix B: check and divide in one pass *before* the all-reduce.
-
-    ``torch._amp_foreach_non_finite_check_and_unscale_`` (GradScaler's kernel, CPU and CUDA)
-    multiplies by ``1/expected`` (the number of workers meant to take part) and flags any
-    NaN/inf in the same pass; the weight element is not scaled, so after the all-reduce it holds
-    the number of workers that took part: when that is ``expected`` (always, unless a worker was
-    left out) nothing is left to do; otherwise one rescale by ``expected/total``. Rounding differs
-    from sum-then-divide by at most an ulp (identical when ``expected`` is a power of two).
-    """
-    avg._check_views()
-    expected = float(avg.comm.world_size)
-    weight = 1.0
-    for b in avg._buckets:
-        found = torch.zeros(1, device=b.flat.device)
-        inv = torch.full((1,), 1.0 / expected, device=b.flat.device)
-        torch._amp_foreach_non_finite_check_and_unscale_([b.values], found, inv)
-        if bool(found):
-            weight = 0.0
-    for b in avg._buckets:
-        if weight == 0.0:
-            b.flat.zero_()
-        b.weight.fill_(weight)
-    avg._collective("model averaging", lambda: avg.comm.all_reduce([b.flat for b in avg._buckets]))
-    total = float(avg._buckets[0].weight)
-    if total != expected:
-        for b in avg._buckets:
-            b.values.mul_(expected / total)
+def _chunk_averagers(rank, comm):
+    return {name: PeriodicAverager(build(rank), period=1, group=comm, chunk_bytes=size) for name, size in CHUNKS.items()}
 
 
-def _check_candidates(averager) -> dict:
-    """From the same state, the candidate fixes must give the real ``average()``'s result, also
-    when rank 1's parameters hold a NaN (it is left out). Returns max relative differences."""
-    flat = averager.flat_buffers[0]
-    start = flat.clone()
+def _check_chunkings(averagers) -> dict:
+    """From the same start every chunking must give the one-chunk average (up to the rounding of
+    gloo's summation order), also when rank 1's parameters hold a NaN (it is then left out).
+    Returns the max relative difference."""
+    flats = {name: avg.flat_buffers[0] for name, avg in averagers.items()}
+    start = next(iter(flats.values())).clone()
     out = {}
     for case in ("all finite", "NaN on rank 1"):
         results = {}
-        for name, fn in (("real", averager.average), ("A", lambda: average_aminmax(averager)),
-                         ("B", lambda: average_prescaled(averager))):
-            flat.copy_(start)
-            if case != "all finite" and averager.comm.rank == 1:
-                flat[12345] = math.nan
-            fn()
-            results[name] = flat[:-1].clone()
-        ref = results["real"]
-        for name in ("A", "B"):
-            d = ((results[name] - ref).abs().max() / ref.abs().max()).reshape(1)
+        for name, avg in averagers.items():
+            flats[name].copy_(start)
+            if case != "all finite" and avg.comm.rank == 1:
+                flats[name][12345] = math.nan
+            avg.average()
+            results[name] = flats[name][:-1].clone()
+        ref = next(iter(results.values()))
+        for name, r in list(results.items())[1:]:
+            d = ((r - ref).abs().max() / ref.abs().max()).reshape(1)
+            d = torch.where(torch.isnan(d), torch.full_like(d, math.inf), d)
             dist.all_reduce(d, op=dist.ReduceOp.MAX)
-            out[f"{case}: candidate {name} vs average()"] = d.item()
-    flat.copy_(start)
+            out[f"{case}: {name} vs one chunk"] = d.item()
+    for name, avg in averagers.items():
+        flats[name].copy_(start)
     return out
 
 
-PROFILE = (
-    BASELINE,
-    "(i') the same via localclip's Communicator",
-    "(ii) PeriodicAverager.average() (real)",
-    "(ii) trimmed copy, timed by phase",
-    "candidate A: aminmax check",
-    "candidate B: fused check+prescale",
-)
-
-
-def _profile(averager, flat, repeats, warmup):
-    """(i), the real (ii), its phased copy and the two candidate fixes, interleaved."""
-    acc: dict[str, list[float]] = {}
-    last = [0.0]
-
-    def clock(phase):
-        now = time.perf_counter()
-        acc.setdefault(phase, []).append(now - last[0])
-        last[0] = now
-
-    ops = {
-        PROFILE[0]: lambda: dist.all_reduce(flat),
-        # localclip's transport wrapper (async issue + wait with timeout), on (i)'s buffer.
-        PROFILE[1]: lambda: averager.comm.all_reduce([flat]),
-        PROFILE[2]: averager.average,
-        PROFILE[3]: lambda: average_in_phases(averager, clock),
-        PROFILE[4]: lambda: average_aminmax(averager),
-        PROFILE[5]: lambda: average_prescaled(averager),
-    }
-    totals = {k: [] for k in ops}
-    names = list(ops)
-    for r in range(warmup + repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for k in order:
-            dist.barrier()
-            t0 = last[0] = time.perf_counter()
-            ops[k]()
-            totals[k].append(time.perf_counter() - t0)
-    phases = {k: v[warmup:] for k, v in acc.items()}
-    phases["total (phased copy)"] = totals[PROFILE[3]][warmup:]
-    phases["total (real average())"] = totals[PROFILE[2]][warmup:]
-    return _slowest({k: v[warmup:] for k, v in totals.items()}), _slowest(phases)
-
-
-def _local_candidates(averager, repeats, warmup):
-    """Local passes over the flat buffer: what the round does now, and cheaper forms of it."""
-    flat = averager.flat_buffers[0]
-    values = flat[:-1]
-    found = torch.zeros(1)
-    inv = torch.full((1,), 1.0)
-    ops = {
-        "now: isfinite(values).all() -> bool": lambda: bool(torch.isfinite(values).all()),
-        "A: aminmax(values) -> 2 floats": lambda: [float(t) for t in torch.aminmax(values)],
-        "now: flat.div_(total)": lambda: flat.div_(1.0),
-        "alt: isfinite(values.sum()) -> bool": lambda: bool(torch.isfinite(values.sum())),
-        "B: _amp_foreach_non_finite_check_and_unscale_": lambda: torch._amp_foreach_non_finite_check_and_unscale_([values], found, inv),
-        "alt: flat.mul_(1/total)": lambda: flat.mul_(1.0),
-    }
-    times = {k: [] for k in ops}
-    for r in range(warmup + repeats):
-        for k, f in ops.items():
-            t0 = time.perf_counter()
-            f()
-            if r >= warmup:
-                times[k].append(time.perf_counter() - t0)
-    return times  # rank 0's own (no collective involved)
+def _profile_chunks(averagers, flat, repeats, warmup):
+    ops = {BASELINE: lambda: dist.all_reduce(flat)}
+    ops.update({f"(ii) average(), {name}": avg.average for name, avg in averagers.items()})
+    return _slowest(_interleave(ops, repeats, warmup))
 
 
 def _table(title, times, base=None, header="ms"):
@@ -316,7 +186,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=8, help="timed rounds per variant (default 8)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     ap.add_argument("--profile", choices=("none", "first", "all"), default="first",
-                    help="profile (ii) and the candidate fixes at no, the first, or every world size (default first)")
+                    help="time (ii)'s chunk sizes at no, the first, or every world size (default first)")
     ap.add_argument("--quick", action="store_true", help="3 timed rounds, 1 warm-up, no profile")
     args = ap.parse_args(argv)
     if args.quick:
@@ -333,14 +203,11 @@ def main(argv=None):
               f"slowest rank per round; {time.perf_counter() - t0:.0f}s ===")
         _table("One averaging round (ratio = median / median of (i); paired = median of per-round ratios)",
                res["times"])
-        if "phases" in res:
-            print("\nCandidate fixes vs the real average(), same start (max |diff| / max |x|, all ranks):")
+        if "chunks" in res:
+            print("\nChunkings vs one chunk, same start (max |difference| / max |x|, all ranks; 0 or float32 rounding):")
             for k, v in res["check"].items():
-                print(f"  {k:<45} {v:.1e}")
-            _table("Profile of (ii) and candidate fixes, interleaved (ratios to (i))", res["profile"])
-            _table("Phases of (ii), trimmed copy of average() (ratios to the real average())",
-                   res["phases"], base="total (real average())")
-            _table("Local passes over the flat buffer, rank 0 (ratios to the isfinite check)", res["local"])
+                print(f"  {k:<55} {v:.1e}")
+            _table("(ii) with other chunk sizes, interleaved (ratios to (i))", res["chunks"])
     print("\nTargets (issue): (ii) <= 1.1x (i); torch's (iii) measured ~1.9x, per-tensor (iv) ~2.2x.")
     print(f"load avg at end {os.getloadavg()[0]:.2f}")
     return 0

@@ -22,10 +22,12 @@ class FakeCommunicator(Communicator):
         self.rank, self.world_size, self.timeout = rank, world_size, 5.0
         self.calls = []
 
-    def _all_reduce(self, tensors, op):
+    def _all_reduce(self, tensors, op, then):
         self.calls.append(("all_reduce", op, [t.numel() for t in tensors]))
         for t in tensors:
             t.mul_(self.world_size)
+            if then is not None:
+                then(t)
 
     def _broadcast(self, tensors, src):
         self.calls.append(("broadcast", src, [t.numel() for t in tensors]))
@@ -80,7 +82,8 @@ def test_parameters_become_views_of_the_flat_buffer_and_replacement_is_detected(
 @pytest.mark.parametrize(
     "kwargs,match",
     [(dict(period=0), "period: 0"), (dict(period=2.5), "period: 2.5"), (dict(period=1, optimizer_state="mean"), "optimizer_state: 'mean'"),
-     (dict(period=1, participants=9), "participants: 9"), (dict(period=1, warmup_steps=-1), "warmup_steps: -1")],
+     (dict(period=1, participants=9), "participants: 9"), (dict(period=1, warmup_steps=-1), "warmup_steps: -1"),
+     (dict(period=1, chunk_bytes=0), "chunk_bytes: 0")],
 )
 def test_invalid_averager_options_name_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -186,6 +189,22 @@ def test_nonfinite_worker_is_left_out_by_a_joint_decision():
     for w, _ in results:
         assert torch.isfinite(w).all() and torch.allclose(w, torch.full_like(w, 1.0))  # mean of ranks 0 and 2
     assert [n for _, n in results] == [0, 1, 0]
+
+
+def test_finite_values_whose_sum_overflows_are_not_taken_for_nonfinite():
+    def worker():
+        comm = localclip.comm.current()
+        model = tiny_model()
+        avg = localclip.PeriodicAverager(model, period=1)
+        with torch.no_grad():
+            model[0].weight.fill_(1e38)  # finite, but their float32 sum over the tensor is inf
+            if comm.rank == 1:
+                model[0].bias[0] = math.inf
+        avg.average()
+        return model[0].weight[0, 0].item(), avg.nonfinite_rounds
+
+    # Rank 1 (an inf) is left out; ranks 0 and 2 (huge but finite) take part.
+    assert SimulatedWorld(3).run(worker) == [(pytest.approx(1e38), 0), (pytest.approx(1e38), 1), (pytest.approx(1e38), 0)]
 
 
 def test_partial_participation_averages_only_the_chosen_workers():

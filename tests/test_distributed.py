@@ -9,7 +9,7 @@ from localclip.comm import SimulatedWorld
 from localclip.errors import CommunicationError
 from localclip.launch import spawn
 
-from workers import collectives, fail_on_rank, stall_rank, train_celgc
+from workers import chunked_averages, collectives, fail_on_rank, reduce_with_then, stall_rank, train_celgc
 
 JOIN = 120  # seconds: a hang fails the test instead of blocking CI
 
@@ -27,6 +27,33 @@ def test_simulated_workers_equal_gloo_processes(kwargs):
         for k in s["state"]:
             # gloo sums in a different order than the simulation: equal up to float64 rounding.
             torch.testing.assert_close(s["state"][k], r["state"][k], rtol=1e-12, atol=1e-13)
+
+
+def test_then_sees_each_tensor_reduced_in_order_over_gloo_and_simulated():
+    expected = [[6.0] * 5, [6.0], [6.0] * 3]
+    assert spawn(reduce_with_then, 3, join_timeout=JOIN, timeout=30) == [expected] * 3
+    assert SimulatedWorld(3).run(reduce_with_then) == [expected] * 3
+
+
+def test_chunked_rounds_equal_one_chunk_over_gloo():
+    """Chunks of 64 bytes and of 1000 bytes (not a multiple of 4: a ragged last chunk) give the
+    one-chunk average, also with a NaN on one rank and with partial participation. Not bit for
+    bit: gloo's ring adds three workers' values in an order that depends on where an element
+    falls in its buffer, so only float32 rounding may differ."""
+    results = spawn(chunked_averages, 3, join_timeout=JOIN, timeout=30)
+    for rank, out in enumerate(results):
+        for case in ("finite", "nan", "partial"):
+            ref, left_out = out[case, 1 << 40]
+            assert torch.isfinite(ref).all(), (rank, case)
+            assert left_out == (1 if case == "nan" and rank == 1 else 0)
+            for size in (64, 1000):
+                values, n = out[case, size]
+                assert n == left_out, (rank, case, size)
+                torch.testing.assert_close(values, ref, rtol=1e-6, atol=1e-7, msg=f"rank {rank}, {case}, {size} bytes")
+        # Every rank holds the same average.
+        assert torch.equal(out["finite", 64][0], results[0]["finite", 64][0])
+    # Partial participation really averaged a subset: not the full mean.
+    assert not torch.equal(results[0]["partial", 64][0], results[0]["finite", 64][0])
 
 
 def test_a_stalled_peer_times_out_with_a_clear_error():

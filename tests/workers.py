@@ -1,5 +1,6 @@
 """Worker functions for multi-process tests (spawned processes must import them by name)."""
 
+import math
 import time
 
 import torch
@@ -103,3 +104,33 @@ def nan_injection(steps=8, period=2):
         "skipped": int(opt.optimizer.skipped_steps),
         "nonfinite_rounds": opt.averager.nonfinite_rounds,
     }
+
+
+def chunked_averages(chunk_sizes=(1 << 40, 64, 1000), nan_rank=1):
+    """One round from the same diverged start for each chunk size, with and without a NaN on
+    ``nan_rank`` and with 2 of the workers taking part: the final averages, per case and size."""
+    comm = current()
+    out = {}
+    for case in ("finite", "nan", "partial"):
+        for size in chunk_sizes:
+            model = tiny_model()
+            kw = {"participants": 2, "participation_seed": 3} if case == "partial" else {}
+            avg = localclip.PeriodicAverager(model, period=1, chunk_bytes=size, **kw)
+            with torch.no_grad():
+                for i, p in enumerate(model.parameters()):
+                    p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * comm.rank + i)))
+                if case == "nan" and comm.rank == nan_rank:
+                    model[0].weight[0, 0] = math.nan
+            avg.average()
+            out[case, size] = (torch.cat([t.reshape(-1) for t in model.state_dict().values() if t.is_floating_point()]),
+                               avg.nonfinite_rounds)
+    return out
+
+
+def reduce_with_then():
+    """An all-reduce of three tensors with a ``then`` hook that records what it saw."""
+    comm = current()
+    xs = [torch.full((n,), float(comm.rank + 1)) for n in (5, 1, 3)]
+    seen = []
+    comm.all_reduce(xs, then=lambda t: seen.append(t.tolist()))
+    return seen

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -45,22 +45,37 @@ class Communicator(abc.ABC):
         """Wall-clock seconds spent communicating in collectives so far."""
         return self._busy - self.waited
 
-    def all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> None:
+    def all_reduce(
+        self, tensors: Sequence[torch.Tensor], op: str = "sum", *, then: Callable[[torch.Tensor], None] | None = None
+    ) -> None:
         """Reduce each tensor elementwise across workers, in place, on every worker.
 
         One call is one collective however many tensors it carries: implementations issue them
-        all before waiting on any.
+        all before waiting on any. ``then(tensor)`` is called on each tensor, in order, as soon
+        as that tensor is reduced, so that local work on the first results overlaps the
+        transport of the rest (its time is not counted as communication).
         """
         if op not in _REDUCE_OPS:
             raise ValueError(f"Invalid reduce op: {op!r} (expected one of {_REDUCE_OPS})")
         tensors = list(tensors)
         if self.world_size == 1 or not tensors:
+            if then is not None:
+                for t in tensors:
+                    then(t)
             return
+        local = 0.0
+
+        def timed_then(t: torch.Tensor) -> None:
+            nonlocal local
+            start = time.perf_counter()
+            then(t)
+            local += time.perf_counter() - start
+
         start = time.perf_counter()
         try:
-            self._all_reduce(tensors, op)
+            self._all_reduce(tensors, op, timed_then if then is not None else None)
         finally:
-            self._busy += time.perf_counter() - start
+            self._busy += time.perf_counter() - start - local
 
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Overwrite each tensor, on every worker, with worker ``src``'s copy."""
@@ -80,7 +95,8 @@ class Communicator(abc.ABC):
         self.all_reduce([torch.zeros(1)])
 
     @abc.abstractmethod
-    def _all_reduce(self, tensors: list[torch.Tensor], op: str) -> None: ...
+    def _all_reduce(self, tensors: list[torch.Tensor], op: str, then: Callable[[torch.Tensor], None] | None) -> None:
+        """Reduce ``tensors`` in place, calling ``then`` (if given) on each once it is reduced."""
 
     @abc.abstractmethod
     def _broadcast(self, tensors: list[torch.Tensor], src: int) -> None: ...
@@ -95,7 +111,7 @@ class SingleProcess(Communicator):
     def __init__(self) -> None:
         self.rank, self.world_size, self.timeout = 0, 1, DEFAULT_TIMEOUT
 
-    def _all_reduce(self, tensors, op):  # pragma: no cover - world_size 1 never gets here
+    def _all_reduce(self, tensors, op, then):  # pragma: no cover - world_size 1 never gets here
         raise AssertionError("unreachable")
 
     def _broadcast(self, tensors, src):  # pragma: no cover

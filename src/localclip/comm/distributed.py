@@ -89,20 +89,23 @@ class ProcessGroupCommunicator(Communicator):
         self.timeout = check_timeout(timeout)
         self._timedelta = datetime.timedelta(seconds=self.timeout)
 
-    def _wait(self, works, what: str) -> None:
-        try:
-            for work in works:
+    def _wait(self, works, what: str, then=None, tensors=()) -> None:
+        for i, work in enumerate(works):
+            try:
                 if not work.wait(self._timedelta):
                     raise TimeoutError(what)
-        except (RuntimeError, TimeoutError) as exc:
-            raise timeout_error(what, self.timeout, self.rank, exc) from exc
+            except (RuntimeError, TimeoutError) as exc:
+                raise timeout_error(what, self.timeout, self.rank, exc) from exc
+            if then is not None:
+                # The later tensors are still in flight on gloo's/NCCL's own threads or streams.
+                then(tensors[i])
 
-    def _all_reduce(self, tensors, op):
+    def _all_reduce(self, tensors, op, then):
         try:
             works = [dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True) for t in tensors]
         except RuntimeError as exc:
             raise CommunicationError(f"rank {self.rank}: all_reduce failed: {exc}") from exc
-        self._wait(works, f"all_reduce({op}) of {len(tensors)} tensor(s)")
+        self._wait(works, f"all_reduce({op}) of {len(tensors)} tensor(s)", then, tensors)
 
     def _broadcast(self, tensors, src):
         src_global = dist.get_global_rank(self.group, src) if self.group is not None else src

@@ -209,8 +209,11 @@ class SimulatedCommunicator(Communicator):
 
     # Time spent waiting for the other simulated workers' turns is their compute, not
     # communication: it is left out of ``seconds``.
-    def _all_reduce(self, tensors, op):
+    def _all_reduce(self, tensors, op, then):
         self.waited += self.world.collective(self.rank, f"all_reduce:{op}", tensors)
+        if then is not None:
+            for t in tensors:
+                then(t)
 
     def _broadcast(self, tensors, src):
         self.waited += self.world.collective(self.rank, f"broadcast:{src}", tensors)
