@@ -234,3 +234,31 @@ def test_image_workload_trains_and_reports_accuracy(tmp_path, monkeypatch):
     summary = run_training(config, tmp_path / "run", progress=False)
     assert summary["steps"] == 3 and 0 <= summary["val/acc"] <= 1 and 0 <= summary["test/acc"] <= 1
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["test/acc"] == summary["test/acc"]
+
+
+def test_isweep_time_to_target_with_one_compute_time_per_step(tmp_path):
+    """The median compute per step replaces each run's own (load-dependent) compute time; the
+    link's share stays each run's own."""
+    folder = tmp_path / "isweep"
+    # naive: 1 s of compute per record (10 steps); celgc-I8: 3 s per record, 1/8 of the rounds and bytes.
+    _fake_run(folder / "naive", 8, [5.0, 4.0, 3.0], [300.0, 200.0, 100.0], every=10)
+    config = json.loads((folder / "naive" / "config.json").read_text())
+    (folder / "naive" / "config.json").write_text(json.dumps({**config, "algorithm": "naive", "period": 1}))
+    _fake_run(folder / "celgc-I8", 8, [5.0, 4.0, 3.0], [250.0, 100.0, 90.0], every=10)
+    records = [json.loads(line) for line in (folder / "celgc-I8" / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        r["comm/rounds"], r["comm/bytes"] = r["comm/rounds"] / 8, r["comm/bytes"] / 8
+        if "time/compute" in r:
+            r["time/compute"] *= 3
+    (folder / "celgc-I8" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    rows = {r["run"]: r for r in sweeps.report("isweep", tmp_path, figure=False)["rows"]}
+    link = lambda rounds, nbytes: rounds * sweeps.LATENCY + nbytes * 8 / sweeps.BANDWIDTH  # noqa: E731
+    # Target: naive's final 100, reached by naive at step 30 and by celgc-I8 at step 20.
+    assert rows["naive"]["modelled s to naive's val/ppl"] == pytest.approx(3.0 + link(3, 300), abs=1e-3)
+    assert rows["celgc-I8"]["modelled s to naive's val/ppl"] == pytest.approx(6.0 + link(2 / 8, 200 / 8), abs=1e-3)
+    per_step = (0.1 + 0.3) / 2  # median of the two runs' compute per step
+    assert rows["naive"]["same as left, median compute/step"] == pytest.approx(30 * per_step + link(3, 300), abs=1e-3)
+    assert rows["celgc-I8"]["same as left, median compute/step"] == pytest.approx(20 * per_step + link(2 / 8, 200 / 8), abs=1e-3)
+    assert rows["celgc-I8"]["naive's time / this (median compute/step)"] == pytest.approx(
+        (30 * per_step + link(3, 300)) / (20 * per_step + link(2 / 8, 200 / 8)), abs=1e-3)
