@@ -265,6 +265,26 @@ def table(title, times):
               f"{statistics.median(t) / med_base:>6.2f} {paired:>7.2f}")
 
 
+def memory_costs(numel: int, repeats: int = 12) -> dict:
+    """What separates the variants on a given machine: one in-place read-modify-write pass over
+    ``numel`` floats, against writing a freshly allocated buffer of that size (the page faults
+    of first touch). Torch's pair allocates one such buffer per step (``g + wd*x``), the fused
+    path none; how much that costs varies a lot between machines and kernels."""
+    x, y = torch.randn(numel), torch.randn(numel)
+    ops = {
+        "in-place pass over the parameters, x.add_(g)": lambda: x.add_(y, alpha=1e-9),
+        "same into a fresh buffer, torch.add(x, g)": lambda: torch.add(x, y, alpha=1e-9),
+    }
+    times = {k: [] for k in ops}
+    for r in range(repeats + 2):
+        for k, f in ops.items():
+            t0 = time.perf_counter()
+            f()
+            if r >= 2:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=40, help="timed rounds per variant (default 40)")
@@ -292,6 +312,9 @@ def main(argv=None):
     table("Momentum 0 (ratio = median / median of (a); paired = median of per-round ratios)", times)
     times = bench(MOMENTUM_VARIANTS, params, grads, args.repeats, args.warmup, momentum=0.9)
     table("Momentum 0.9", times)
+    print("\nMemory on this machine (what the ratios above mostly measure):")
+    for k, v in memory_costs(n).items():
+        print(f"  {k:<54} {1e3 * v:8.1f} ms")
     print("\nTarget (issue): ClippedSGD default <= 0.40x torch's pair.")
     print(f"load avg at end {os.getloadavg()[0]:.2f}")
     if not ok:
