@@ -275,8 +275,8 @@ class PeriodicAverager:
                 s.pop("momentum_buffer", None)
         elif bufs:
             # All workers hold the same set of buffers (same params, same number of steps).
-            self._collective("momentum averaging", lambda: self.comm.all_reduce(bufs))
-            torch._foreach_div_(bufs, self.comm.world_size)
+            k = self.comm.world_size
+            self._collective("momentum averaging", lambda: self.comm.all_reduce(bufs, then=lambda b: b.div_(k)))
             self.bytes_communicated += sum(b.numel() * b.element_size() for b in bufs)
 
     # -- introspection and checkpoints ---------------------------------------------------------
