@@ -1,6 +1,7 @@
 """PeriodicAverager, CELGC and naive parallel clipping over a fake and a simulated communicator."""
 
 import math
+import time
 
 import pytest
 import torch
@@ -116,6 +117,15 @@ def test_simulated_collectives_and_per_worker_random_streams():
     for rank, (a, b) in enumerate(got):
         gen = torch.Generator().manual_seed(rank)
         assert (a, b) == (torch.rand(1, generator=gen).item(), torch.rand(1, generator=gen).item())
+
+
+def test_time_spent_in_then_is_not_counted_as_communication():
+    def worker():
+        comm = localclip.comm.current()
+        comm.all_reduce([torch.ones(3), torch.ones(2)], then=lambda t: time.sleep(0.2))
+        return comm.seconds
+
+    assert all(0 <= s < 0.2 for s in SimulatedWorld(2).run(worker))
 
 
 def test_simulated_failure_and_mismatch_are_reported():
