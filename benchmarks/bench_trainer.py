@@ -10,7 +10,8 @@
 2. Runtimes: the same short ptb-small run (4 workers, period 8) under ``simulate`` (4 workers
    taking turns in one process) and ``spawn`` (4 gloo processes), alternating; compared on the
    training-loop wall time each run reports (``time/seconds``: start-up and data loading
-   excluded). Ratio > 1 means simulation is faster.
+   excluded), and simulation again with one intra-op thread (``--set threads=1``). Ratio > 1
+   means simulation is faster.
 
     python benchmarks/bench_trainer.py --data-root ../shared/data            # default sizes
     python benchmarks/bench_trainer.py --data-root ../shared/data --quick    # a smoke run
@@ -72,12 +73,17 @@ def trainer_overhead(config, blocks: int, block_steps: int) -> tuple[list[float]
 
 
 def runtime_comparison(config, repeats: int) -> dict[str, list[float]]:
-    times = {"simulate": [], "spawn": []}
+    variants = {
+        "simulate": ("simulate", config),
+        "simulate-1thread": ("simulate", dataclasses.replace(config, threads=1)),
+        "spawn": ("spawn", config),
+    }
+    times = {name: [] for name in variants}
     for _ in range(repeats):
-        for runtime in times:
+        for name, (runtime, cfg) in variants.items():
             with tempfile.TemporaryDirectory() as tmp:
-                summary = run_training(config, f"{tmp}/run", runtime=runtime, progress=False)
-                times[runtime].append(summary["time/seconds"])
+                summary = run_training(cfg, f"{tmp}/run", runtime=runtime, progress=False)
+                times[name].append(summary["time/seconds"])
     return times
 
 
@@ -113,12 +119,14 @@ def main() -> None:
 
     four = dataclasses.replace(base, workers=4, period=8, max_steps=args.runtime_steps).resolved()
     times = runtime_comparison(four, args.repeats)
-    ms, mp = statistics.median(times["simulate"]), statistics.median(times["spawn"])
+    ms, m1, mp = (statistics.median(times[k]) for k in ("simulate", "simulate-1thread", "spawn"))
     print(f"\n2. runtimes, ptb-small, 4 workers, I=8, {args.runtime_steps} steps each, {args.repeats} alternating repeats (median training-loop s)")
-    print(f"   simulate (4 workers in 1 process)  {ms:8.2f}")
-    print(f"   spawn    (4 gloo processes)        {mp:8.2f}")
-    print(f"   speed ratio simulate/spawn = {mp / ms:.3f}   (> 1: simulation faster)")
-    print(json.dumps({"trainer_over_bare": mb / mt, "trainer_over_bare_paired": paired, "simulate_over_spawn": mp / ms}))
+    print(f"   simulate (4 workers in 1 process, {torch.get_num_threads()} threads)  {ms:8.2f}")
+    print(f"   simulate (the same, --set threads=1)       {m1:8.2f}")
+    print(f"   spawn    (4 gloo processes)                {mp:8.2f}")
+    print(f"   speed ratio simulate/spawn = {mp / ms:.3f}, simulate 1 thread/spawn = {mp / m1:.3f}   (> 1: simulation faster)")
+    print(json.dumps({"trainer_over_bare": mb / mt, "trainer_over_bare_paired": paired, "simulate_over_spawn": mp / ms,
+                      "simulate_1thread_over_spawn": mp / m1}))
 
 
 if __name__ == "__main__":
