@@ -508,9 +508,10 @@ def _isweep_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
     naive = finished.get("naive")
     target = naive["summary"].get("val/ppl") if naive else None
     own, common, ratio = "modelled s to naive's val/ppl", "same as left, median compute/step", "naive's time / this (median compute/step)"
-    per_step = statistics.median(
-        d["train"][-1]["time/compute"] / d["train"][-1]["step"] for d in finished.values() if d["train"] and d["train"][-1].get("step")
-    ) if any(d["train"] for d in finished.values()) else None
+    from localclip.plot import modelled_seconds
+
+    rates = [d["train"][-1]["time/compute"] / d["train"][-1]["step"] for d in finished.values() if d["train"] and d["train"][-1].get("step")]
+    per_step = statistics.median(rates) if rates else None
     hits = {}
     for row in rows:
         if not _good(target):
@@ -520,7 +521,7 @@ def _isweep_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
         hit = _first(data["val"], "val/ppl", target, True)
         row[own] = round(_modelled(hit, data["train"]), 3) if hit else "not reached"
         if hit and per_step is not None:
-            hits[row["run"]] = hit["step"] * per_step + _modelled({**hit, "time/compute": 0.0}, [])
+            hits[row["run"]] = modelled_seconds(hit, bandwidth=BANDWIDTH, latency=LATENCY, compute=hit["step"] * per_step)
         row[common] = round(hits[row["run"]], 3) if row["run"] in hits else "not reached"
     for row in rows:
         if "naive" in hits and row["run"] in hits:
