@@ -113,10 +113,14 @@ def test_simulated_collectives_and_per_worker_random_streams():
         comm.barrier()
         return a, torch.rand(1).item()
 
-    got = SimulatedWorld(3).run(draw)
+    # Turn-taking workers each keep their own global streams, as separate processes would.
+    got = SimulatedWorld(3, concurrent=False).run(draw)
     for rank, (a, b) in enumerate(got):
         gen = torch.Generator().manual_seed(rank)
         assert (a, b) == (torch.rand(1, generator=gen).item(), torch.rand(1, generator=gen).item())
+    # Concurrent workers share them: run says so.
+    with pytest.warns(RuntimeWarning, match="global random generator.*concurrent=False"):
+        SimulatedWorld(3).run(draw)
 
 
 def test_time_spent_in_then_is_not_counted_as_communication():
@@ -153,7 +157,6 @@ def test_simulated_failure_and_mismatch_are_reported():
 def test_averaging_in_a_simulated_world_matches_the_mean():
     def worker():
         comm = localclip.comm.current()
-        torch.manual_seed(comm.rank)
         model = tiny_model(seed=comm.rank)
         avg = localclip.PeriodicAverager(model, period=1)
         with torch.no_grad():

@@ -10,8 +10,8 @@ from localclip.comm import current
 
 
 def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
+    with localclip.rng.seeded(seed):  # one thread at a time: simulated workers run concurrently
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
 
 
 def fixed_batches(rank, steps, batch=8, seed=123):

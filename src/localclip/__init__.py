@@ -5,6 +5,7 @@ model averaging), :class:`CELGC` and :class:`NaiveParallelClipping` (the algorit
 optimizers), and the communicators in :mod:`localclip.comm`.
 """
 
+from localclip import rng
 from localclip.algorithm import CELGC, NaiveParallelClipping
 from localclip.averaging import PeriodicAverager
 from localclip.comm import SimulatedWorld
@@ -12,4 +13,4 @@ from localclip.optim import ClippedSGD, GammaFollowsLR
 
 __version__ = "0.1.0"
 
-__all__ = ["CELGC", "ClippedSGD", "GammaFollowsLR", "NaiveParallelClipping", "PeriodicAverager", "SimulatedWorld"]
+__all__ = ["rng", "CELGC", "ClippedSGD", "GammaFollowsLR", "NaiveParallelClipping", "PeriodicAverager", "SimulatedWorld"]

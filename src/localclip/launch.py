@@ -3,7 +3,8 @@
 Each runtime calls the same worker function once per worker with that worker's communicator
 installed (:func:`localclip.comm.current` returns it), and returns the results by rank:
 
-* ``simulate`` — N threads of this process taking turns (:class:`~localclip.comm.SimulatedWorld`);
+* ``simulate`` — N threads of this process running at once (:class:`~localclip.comm.SimulatedWorld`),
+  the CPU threads split between them as ``spawn`` splits them between processes;
 * ``spawn`` — N fresh processes on this machine joined into a gloo group through a ``FileStore``
   in a temporary folder (no ports), the CPU threads split between them;
 * ``torchrun`` — this process is one worker of a group that ``torchrun`` set up (``env://``),
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from localclip.comm import DEFAULT_TIMEOUT, SimulatedWorld, use
+from localclip.comm import DEFAULT_TIMEOUT, SimulatedWorld
 from localclip.errors import CommunicationError, ConfigError
 
 __all__ = ["RUNTIMES", "run_workers", "simulate", "spawn", "torchrun"]
@@ -31,8 +32,18 @@ __all__ = ["RUNTIMES", "run_workers", "simulate", "spawn", "torchrun"]
 RUNTIMES = ("simulate", "spawn", "torchrun")
 
 
-def simulate(fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT, **kwargs) -> list:
-    return SimulatedWorld(world_size, timeout=timeout).run(fn, *args, **kwargs)
+def default_threads(world_size: int) -> int:
+    """Intra-op threads each of ``world_size`` workers on this machine gets (at least one)."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def simulate(
+    fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT, threads_per_worker: int | None = None, **kwargs
+) -> list:
+    """Run ``fn`` as ``world_size`` concurrent simulated workers, each with ``threads_per_worker``
+    intra-op threads (default: the same split as :func:`spawn`)."""
+    threads = threads_per_worker if threads_per_worker is not None else default_threads(world_size)
+    return SimulatedWorld(world_size, timeout=timeout, threads_per_worker=threads).run(fn, *args, **kwargs)
 
 
 def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backend, fn, args, kwargs):
@@ -41,14 +52,12 @@ def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backe
     torch.set_num_threads(threads)
     comm = None
     try:
+        # init installs the communicator that localclip.comm.current() returns in this process.
         comm = distributed.init(backend=backend, rank=rank, world_size=world_size, store_path=store, timeout=timeout)
-        use(comm)
         result = fn(*args, **kwargs)
         payload = ("ok", result)
     except BaseException as exc:  # noqa: BLE001 - shipped to the parent with its traceback
         payload = ("error", (type(exc).__name__, str(exc), traceback.format_exc(), _picklable(exc)))
-    finally:
-        use(None)
     tmp = Path(result_dir) / f".rank{rank}.tmp"
     with open(tmp, "wb") as f:
         pickle.dump(payload, f)
@@ -98,7 +107,7 @@ def spawn(
     ``join_timeout`` seconds (default: no limit beyond each collective's ``timeout``).
     """
     if threads_per_worker is None:
-        threads_per_worker = max(1, (os.cpu_count() or 1) // world_size)
+        threads_per_worker = default_threads(world_size)
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="localclip-spawn-") as tmp:
         store = os.path.join(tmp, "store")
@@ -166,12 +175,10 @@ def torchrun(fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT, backend: str
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ConfigError("--runtime torchrun: RANK/WORLD_SIZE are not set; start this command with torchrun")
-    comm = distributed.init(backend=backend, timeout=timeout)
-    use(comm)
+    distributed.init(backend=backend, timeout=timeout)  # installs this process's communicator
     try:
         return fn(*args, **kwargs)
     finally:
-        use(None)
         distributed.shutdown()
 
 

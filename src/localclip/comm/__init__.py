@@ -5,7 +5,8 @@ Algorithms talk to peers only through :class:`Communicator` (``all_reduce``, ``b
 :mod:`localclip.comm.simulated` over N worker threads of one process.
 """
 
-from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, SingleProcess, current, use
+from localclip.comm import distributed  # noqa: F401 - registers the fallback for user-made groups
+from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, SingleProcess, current, install, use
 from localclip.comm.simulated import SimulatedCommunicator, SimulatedWorld
 
 __all__ = [
@@ -15,5 +16,6 @@ __all__ = [
     "SimulatedCommunicator",
     "SimulatedWorld",
     "current",
+    "install",
     "use",
 ]

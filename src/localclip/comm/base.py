@@ -19,7 +19,7 @@ import torch
 
 from localclip.errors import CommunicationError
 
-__all__ = ["Communicator", "SingleProcess", "current", "use"]
+__all__ = ["Communicator", "SingleProcess", "current", "install", "register_fallback", "use"]
 
 DEFAULT_TIMEOUT = 300.0
 _REDUCE_OPS = ("sum", "max")
@@ -39,10 +39,13 @@ class Communicator(abc.ABC):
     timeout: float
     waited: float = 0.0  # seconds inside collectives that were not communication (simulation)
     _busy: float = 0.0
+    # What a worker's time is measured with: wall-clock for a process; a concurrent simulated
+    # worker shares the cores with the others, so it counts its own thread's CPU time instead.
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     @property
     def seconds(self) -> float:
-        """Wall-clock seconds spent communicating in collectives so far."""
+        """Seconds (of :attr:`clock`) spent communicating in collectives so far."""
         return self._busy - self.waited
 
     def all_reduce(
@@ -65,17 +68,19 @@ class Communicator(abc.ABC):
             return
         local = 0.0
 
+        clock = self.clock
+
         def timed_then(t: torch.Tensor) -> None:
             nonlocal local
-            start = time.perf_counter()
+            start = clock()
             then(t)
-            local += time.perf_counter() - start
+            local += clock() - start
 
-        start = time.perf_counter()
+        start = clock()
         try:
             self._all_reduce(tensors, op, timed_then if then is not None else None)
         finally:
-            self._busy += time.perf_counter() - start - local
+            self._busy += clock() - start - local
 
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Overwrite each tensor, on every worker, with worker ``src``'s copy."""
@@ -84,11 +89,11 @@ class Communicator(abc.ABC):
         tensors = list(tensors)
         if self.world_size == 1 or not tensors:
             return
-        start = time.perf_counter()
+        start = self.clock()
         try:
             self._broadcast(tensors, src)
         finally:
-            self._busy += time.perf_counter() - start
+            self._busy += self.clock() - start
 
     def barrier(self) -> None:
         """Wait until every worker has reached this point."""
@@ -118,30 +123,57 @@ class SingleProcess(Communicator):
         raise AssertionError("unreachable")
 
 
-# Simulated workers are threads of one process, so "the group this code runs in" is per thread.
+_SINGLE = SingleProcess()
+
+
+# Where each runtime installs the communicator of the code it runs, and the one place that reads
+# it (current()). Simulated workers are threads of one process, so they install per thread
+# (use); a torch.distributed worker is a whole process (install). Nothing here imports a runtime:
+# the torch.distributed module registers a fallback for groups that users set up themselves.
 _local = threading.local()
+_process: Communicator | None = None
+_fallbacks: list[Callable[[], Communicator | None]] = []
+_lock = threading.Lock()
 
 
 def use(comm: Communicator | None) -> None:
-    """Make ``comm`` the communicator that :func:`current` returns in this thread."""
+    """Make ``comm`` the communicator that :func:`current` returns in this thread (simulation)."""
     _local.comm = comm
 
 
-def current() -> Communicator:
-    """The communicator of the calling worker.
+def install(comm: Communicator | None) -> None:
+    """Make ``comm`` the communicator of this whole process (a ``torch.distributed`` worker)."""
+    global _process
+    _process = comm
 
-    In order: the one installed with :func:`use` (the simulated runtime does this per worker
-    thread), else the default ``torch.distributed`` group if it is initialised, else a world of
-    one.
+
+def register_fallback(factory: Callable[[], Communicator | None]) -> None:
+    """Register ``factory``, asked (once, on first need) for a communicator when none is installed."""
+    _fallbacks.append(factory)
+
+
+def current() -> Communicator:
+    """The communicator of the calling worker; the same object for the worker's whole life.
+
+    In order: the one installed for this thread (a simulated worker), else the one installed
+    for this process (a ``torch.distributed`` worker), else one a registered fallback builds
+    and installs (a ``torch.distributed`` group the user initialised directly), else a world
+    of one.
     """
     comm = getattr(_local, "comm", None)
     if comm is not None:
         return comm
-    from localclip.comm import distributed
-
-    if distributed.is_initialized():
-        return distributed.ProcessGroupCommunicator()
-    return SingleProcess()
+    if _process is not None:
+        return _process
+    with _lock:
+        if _process is None:
+            for factory in _fallbacks:
+                comm = factory()
+                if comm is not None:
+                    install(comm)
+                    return comm
+            return _SINGLE
+        return _process
 
 
 def check_timeout(timeout: float) -> float:

@@ -13,6 +13,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from localclip.comm import base
 from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, check_timeout, timeout_error
 from localclip.errors import CommunicationError
 
@@ -33,7 +34,8 @@ def init(
     store_path: str | os.PathLike | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> "ProcessGroupCommunicator":
-    """Initialise the default process group and return its communicator.
+    """Initialise the default process group, install its communicator for this process (what
+    :func:`localclip.comm.current` returns from now on) and return it.
 
     With ``store_path`` the workers meet through a ``FileStore`` (one machine, no ports);
     without it, through the ``env://`` variables that ``torchrun`` sets. ``backend`` defaults to
@@ -51,7 +53,9 @@ def init(
     elif "TORCHELASTIC_RESTART_COUNT" in os.environ:
         kwargs.update(_elastic_store(timeout))
     dist.init_process_group(**kwargs)
-    return ProcessGroupCommunicator(timeout=timeout)
+    comm = ProcessGroupCommunicator(timeout=timeout)
+    base.install(comm)
+    return comm
 
 
 def _elastic_store(timeout: float) -> dict:
@@ -73,8 +77,18 @@ def _elastic_store(timeout: float) -> dict:
 
 
 def shutdown() -> None:
+    """Uninstall this process's communicator and destroy the default group."""
+    base.install(None)
     if is_initialized():
         dist.destroy_process_group()
+
+
+def _user_group() -> "ProcessGroupCommunicator | None":
+    # A default group that the user (or a framework) initialised without us: wrap it once.
+    return ProcessGroupCommunicator() if is_initialized() else None
+
+
+base.register_fallback(_user_group)
 
 
 class ProcessGroupCommunicator(Communicator):

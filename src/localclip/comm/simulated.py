@@ -1,18 +1,27 @@
 """N workers simulated in one process, running the same algorithm code as real processes.
 
-Each simulated worker is a thread, and the threads take turns: exactly one holds the baton and
-runs, the others wait. A worker hands the baton on when it enters a collective, so worker 0 runs
-until its first collective, then worker 1, and so on; the last worker to arrive performs the
-reduction (in rank order, so results are deterministic) and carries on. Between collectives a
-worker therefore computes exactly as a separate process would, with two consequences:
+Each simulated worker is a thread with its own communicator installed (see
+:func:`localclip.comm.current`). By default the threads run **concurrently**: torch kernels
+release the GIL, so N workers on C cores keep the machine busy as N processes would, and each
+worker thread gets the intra-op thread count a spawned process would get (``C // N``, at least
+one). A collective is a real barrier: each worker deposits its tensors and waits; the last to
+arrive reduces them in rank order and releases the others. So
 
 * blocking collectives need no special casing in the algorithms (same code as over gloo);
-* each worker gets its own random streams: the process-wide torch, NumPy and Python generators are
-  saved when a worker hands the baton on and restored when it gets it back, so a simulated worker
-  draws the same dropout masks as a spawned process seeded the same way.
+* a worker that raises, leaves early or calls a different collective releases the others with
+  a :class:`~localclip.errors.CommunicationError` naming it, and a worker that does not arrive
+  fails the others after the world's ``timeout``, as a dead process would.
 
-Only one worker computes at a time, so every op may use all intra-op threads of the machine.
-CUDA generators are not swapped: simulate on the CPU, or accept shared CUDA random streams.
+Randomness: localclip's workers draw only from their own ``torch.Generator`` (see
+:mod:`localclip.rng`), so results do not depend on how the threads interleave. torch's, NumPy's
+and Python's *global* generators are shared by all threads of a process: user code that draws
+from them inside :meth:`SimulatedWorld.run` gets numbers that depend on thread timing, and
+``run`` warns when it sees their state changed. Such code gets correct, per-worker streams with
+``concurrent=False``: the workers then take turns (one holds the baton and runs; it hands the
+baton on when it enters a collective), and the global generators are saved when a worker hands
+the baton on and restored when it gets it back, so each worker draws exactly what a spawned
+process seeded the same way would draw. Turn-taking is slower (one worker computes at a time,
+with all intra-op threads). CUDA generators are never swapped: simulate on the CPU.
 """
 
 from __future__ import annotations
@@ -20,12 +29,14 @@ from __future__ import annotations
 import random
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from localclip import rng
 from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, check_timeout, use
 from localclip.errors import CommunicationError
 
@@ -45,19 +56,42 @@ class _WorkerFailed(Exception):
 
 
 class SimulatedWorld:
-    """A group of ``world_size`` simulated workers that take turns in one process."""
+    """A group of ``world_size`` simulated workers in one process; see the module docstring.
 
-    def __init__(self, world_size: int, *, timeout: float = DEFAULT_TIMEOUT):
-        if world_size < 1:
-            raise ValueError(f"Invalid world size: {world_size} (must be >= 1)")
+    Args:
+        world_size: number of workers, at least 1.
+        timeout: seconds a worker waits in a collective for the others (concurrent mode).
+        concurrent: run the workers at once (default) or take turns (``False``: for worker code
+            that draws from the global random generators).
+        threads_per_worker: intra-op threads of each worker thread in concurrent mode (default:
+            ``torch.get_num_threads() // world_size``, at least 1). Turn-taking workers use all.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        concurrent: bool = True,
+        threads_per_worker: int | None = None,
+    ):
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"Invalid world size: {world_size!r} (must be an integer >= 1)")
+        if threads_per_worker is not None and (not isinstance(threads_per_worker, int) or threads_per_worker < 1):
+            raise ValueError(f"Invalid threads_per_worker: {threads_per_worker!r} (must be an integer >= 1)")
         self.world_size = world_size
         self.timeout = check_timeout(timeout)
+        self.concurrent = bool(concurrent)
+        self.threads_per_worker = threads_per_worker
         self._cond = threading.Condition()
+        self._reset()
+
+    def _reset(self) -> None:
         self._turn = 0
-        self._finished = [False] * world_size
-        self._next_seq = [0] * world_size
+        self._finished = [False] * self.world_size
+        self._next_seq = [0] * self.world_size
         self._collectives: dict[int, _Collective] = {}
-        self._rng: list[tuple | None] = [None] * world_size
+        self._rng: list[tuple | None] = [None] * self.world_size
         self._failure: tuple[int, BaseException] | None = None
 
     def communicator(self, rank: int) -> "SimulatedCommunicator":
@@ -69,47 +103,78 @@ class SimulatedWorld:
         """Run ``fn(*args, **kwargs)`` once per worker, each in its own thread with its own
         communicator installed (see :func:`localclip.comm.current`); return the results by rank.
 
-        If a worker raises, the others are stopped at their next collective and the first
-        worker's exception is re-raised here.
+        If a worker raises, the others are released from their collectives and the first
+        failing worker's exception is re-raised here, its message prefixed with its rank.
         """
+        self._reset()
         results: list = [None] * self.world_size
+        threads = self.threads_per_worker or max(1, torch.get_num_threads() // self.world_size)
+        caller_threads = torch.get_num_threads()
+        before = rng.global_state() if self.concurrent else None
 
         def worker(rank: int) -> None:
             use(self.communicator(rank))
             try:
-                self._acquire(rank)
+                if self.concurrent:
+                    # Per calling thread under OpenMP: each worker gets its own team.
+                    torch.set_num_threads(threads)
+                else:
+                    self._acquire(rank)
                 results[rank] = fn(*args, **kwargs)
             except _WorkerFailed:
                 pass
             except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
-                with self._cond:
-                    if self._failure is None:
-                        self._failure = (rank, exc)
-                    self._cond.notify_all()
+                self._fail(rank, exc)
             finally:
                 use(None)
                 self._finish(rank)
 
-        threads = [
+        workers = [
             threading.Thread(target=worker, args=(r,), name=f"localclip-sim-{r}", daemon=True)
             for r in range(self.world_size)
         ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            # Short joins keep the main thread responsive to KeyboardInterrupt.
-            while t.is_alive():
-                t.join(0.1)
+        try:
+            for t in workers:
+                t.start()
+            for t in workers:
+                # Short joins keep the main thread responsive to KeyboardInterrupt.
+                while t.is_alive():
+                    t.join(0.1)
+        except BaseException as exc:
+            # Interrupted: release the workers from their collectives before leaving.
+            self._fail(-1, exc)
+            raise
+        finally:
+            torch.set_num_threads(caller_threads)
         if self._failure is not None:
-            raise self._failure[1]
+            rank, exc = self._failure
+            if rank >= 0 and len(exc.args) <= 1 and not str(exc).startswith(f"rank {rank}"):
+                exc.args = (f"rank {rank}: {exc}",)
+            raise exc
+        if before is not None and rng.global_state() != before:
+            warnings.warn(
+                "worker code drew from torch's, NumPy's or Python's global random generator while the "
+                "simulated workers ran concurrently, so those draws depend on thread timing; use a "
+                "torch.Generator per worker (localclip.rng) or SimulatedWorld(..., concurrent=False)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return results
 
-    # -- the baton ---------------------------------------------------------------------------
+    def _fail(self, rank: int, exc: BaseException) -> None:
+        with self._cond:
+            if self._failure is None:
+                self._failure = (rank, exc)
+            self._cond.notify_all()
+
+    # -- turn-taking (concurrent=False) ------------------------------------------------------
 
     def _acquire(self, rank: int) -> None:
         """Block until it is ``rank``'s turn, then restore its random streams."""
         with self._cond:
-            self._wait_until(rank, lambda: self._turn == rank, "its turn")
+            while self._turn != rank:
+                self._check_failure()
+                self._cond.wait(1.0)
         state = self._rng[rank]
         if state is not None:
             torch.set_rng_state(state[0])
@@ -126,14 +191,9 @@ class SimulatedWorld:
                 self._turn = (later or alive)[0]
             self._cond.notify_all()
 
-    def _wait_until(self, rank: int, ready: Callable[[], bool], what: str) -> None:
-        # No timeout here: while one worker holds the baton the others must wait however long it
-        # computes (an evaluation, a checkpoint). A simulated world cannot hang silently anyway:
-        # a worker that leaves early or calls a different collective is reported as an error.
-        while not ready():
-            if self._failure is not None:
-                raise _WorkerFailed()
-            self._cond.wait(1.0)
+    def _check_failure(self) -> None:
+        if self._failure is not None:
+            raise _WorkerFailed()
 
     def _finish(self, rank: int) -> None:
         with self._cond:
@@ -147,37 +207,58 @@ class SimulatedWorld:
                         f"wait for it in a collective ({waiting[0].kind})"
                     ),
                 )
-        if self._turn == rank:
+            self._cond.notify_all()
+        if not self.concurrent and self._turn == rank:
             self._pass_on(rank)
-        else:
-            with self._cond:
-                self._cond.notify_all()
 
     # -- collectives -------------------------------------------------------------------------
 
-    def collective(self, rank: int, kind: str, tensors: list[torch.Tensor]) -> float:
-        """Take part in the next collective; returns the seconds spent waiting for the others."""
-        seq = self._next_seq[rank]
-        self._next_seq[rank] += 1
+    def collective(self, rank: int, kind: str, tensors: list[torch.Tensor], clock: Callable[[], float] = time.perf_counter) -> float:
+        """Take part in the next collective; returns the seconds (of ``clock``) spent waiting for the others."""
         shapes = [(t.shape, t.dtype) for t in tensors]
-        coll = self._collectives.setdefault(seq, _Collective(kind, shapes))
-        if coll.kind != kind or coll.shapes != shapes:
-            first = min(coll.arrived) if coll.arrived else "?"
-            raise CommunicationError(
-                f"simulated collective #{seq} mismatch: rank {rank} called {kind} on {shapes}, "
-                f"rank {first} called {coll.kind} on {coll.shapes}"
-            )
-        coll.arrived[rank] = tensors
-        if len(coll.arrived) == self.world_size:
-            self._complete(coll)
-            del self._collectives[seq]
-            return 0.0
-        start = time.perf_counter()
-        self._pass_on(rank)
         with self._cond:
-            self._wait_until(rank, lambda: coll.done and self._turn == rank, f"collective #{seq} ({kind})")
-        self._acquire(rank)
-        return time.perf_counter() - start
+            self._check_failure()
+            seq = self._next_seq[rank]
+            self._next_seq[rank] += 1
+            coll = self._collectives.setdefault(seq, _Collective(kind, shapes))
+            if coll.kind != kind or coll.shapes != shapes:
+                first = min(coll.arrived) if coll.arrived else "?"
+                raise CommunicationError(
+                    f"simulated collective #{seq} mismatch: rank {rank} called {kind} on {shapes}, "
+                    f"rank {first} called {coll.kind} on {coll.shapes}"
+                )
+            coll.arrived[rank] = tensors
+            if len(coll.arrived) == self.world_size:
+                # The last to arrive reduces; the others are all waiting for exactly this.
+                self._complete(coll)
+                del self._collectives[seq]
+                self._cond.notify_all()
+                return 0.0
+        start = clock()
+        if self.concurrent:
+            self._wait_concurrent(rank, seq, coll)
+        else:
+            self._pass_on(rank)
+            with self._cond:
+                while not (coll.done and self._turn == rank):
+                    self._check_failure()
+                    self._cond.wait(1.0)
+            self._acquire(rank)
+        return clock() - start
+
+    def _wait_concurrent(self, rank: int, seq: int, coll: _Collective) -> None:
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while not coll.done:
+                self._check_failure()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(self.world_size)) - set(coll.arrived))
+                    raise CommunicationError(
+                        f"rank {rank}: simulated collective #{seq} ({coll.kind}) did not complete within the "
+                        f"{self.timeout:g}s collective timeout: ranks {missing} did not arrive"
+                    )
+                self._cond.wait(min(left, 1.0))
 
     @staticmethod
     @torch.no_grad()
@@ -206,14 +287,18 @@ class SimulatedCommunicator(Communicator):
         self.world, self.rank = world, rank
         self.world_size, self.timeout = world.world_size, world.timeout
         self.waited = 0.0
+        if world.concurrent:
+            # Wall-clock time of a thread that shares the cores with N-1 others overstates its
+            # compute about N/cores-fold; its own CPU time does not (waits cost none).
+            self.clock = time.thread_time
 
-    # Time spent waiting for the other simulated workers' turns is their compute, not
+    # Time spent waiting for the other simulated workers is their compute (or their turns), not
     # communication: it is left out of ``seconds``.
     def _all_reduce(self, tensors, op, then):
-        self.waited += self.world.collective(self.rank, f"all_reduce:{op}", tensors)
+        self.waited += self.world.collective(self.rank, f"all_reduce:{op}", tensors, self.clock)
         if then is not None:
             for t in tensors:
                 then(t)
 
     def _broadcast(self, tensors, src):
-        self.waited += self.world.collective(self.rank, f"broadcast:{src}", tensors)
+        self.waited += self.world.collective(self.rank, f"broadcast:{src}", tensors, self.clock)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from localclip.data._seed import derive_seed
+from localclip.rng import derive_seed
 from localclip.errors import DataError
 
 __all__ = [

@@ -50,6 +50,7 @@ class WeightDropLSTM(nn.Module):
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.weight_drop = weight_drop
+        self.generator: torch.Generator | None = None  # where the weight-drop mask comes from
         gates = 4 * hidden_size
         self.weight_ih = nn.Parameter(torch.empty(gates, input_size))
         self.weight_hh = nn.Parameter(torch.empty(gates, hidden_size))
@@ -66,7 +67,7 @@ class WeightDropLSTM(nn.Module):
         """Run the layer; ``hx`` is ``(h, c)``, each ``[1, B, hidden_size]``."""
         w_hh = self.weight_hh
         if self.training and self.weight_drop:
-            w_hh = w_hh * dropout_mask(w_hh, w_hh.shape, self.weight_drop)
+            w_hh = w_hh * dropout_mask(w_hh, w_hh.shape, self.weight_drop, self.generator)
         weights = _kernel_weights(self.weight_ih, w_hh, self.bias_ih, self.bias_hh)
         # The fused ATen kernel behind nn.LSTM (oneDNN on CPU), fed our dropped matrix: about
         # 4x faster than a Python loop over time steps (forward+backward, T=70, B=3, H=1150).
@@ -108,7 +109,8 @@ class AWDLSTM(nn.Module):
     - ``dropout``: locked dropout on the last layer's output, before the decoder;
     - ``weight_drop``: DropConnect on every layer's hidden-to-hidden matrix.
 
-    Masks are drawn from the default generator in that order (embedding, input, then per layer
+    Masks are drawn from ``self.generator`` (each layer's own ``generator`` for weight drop;
+    :func:`localclip.rng.set_generator` sets them all) in that order (embedding, input, then per layer
     weight drop and hidden dropout, then output). Defaults are the PTB model of ALGORITHM.md §4
     (24.2M parameters for ``ntoken=10000``). Init: embedding (and an untied decoder weight)
     uniform(-0.1, 0.1), decoder bias 0, LSTM as in :class:`WeightDropLSTM`.
@@ -153,6 +155,7 @@ class AWDLSTM(nn.Module):
         self.dropout_e = dropout_e
         self.weight_drop = weight_drop
         self.tie_weights = tie_weights
+        self.generator: torch.Generator | None = None
 
         self.encoder = nn.Embedding(ntoken, emb_size)
         self.layers = nn.ModuleList()
@@ -187,17 +190,17 @@ class AWDLSTM(nn.Module):
             raise ValueError(f"AWDLSTM expects tokens of shape [T, B], got {tuple(tokens.shape)}")
         if hidden is None:
             hidden = self.init_hidden(tokens.size(1))
-        training = self.training
-        x = embedding_dropout(self.encoder.weight, tokens, self.dropout_e, training)
-        x = locked_dropout(x, self.dropout_i, training)
+        training, g = self.training, self.generator
+        x = embedding_dropout(self.encoder.weight, tokens, self.dropout_e, training, g)
+        x = locked_dropout(x, self.dropout_i, training, g)
         new_hidden: list[LayerHidden] = []
         for l, layer in enumerate(self.layers):
             x, h = layer(x, hidden[l])
             new_hidden.append(h)
             if l != self.num_layers - 1:
-                x = locked_dropout(x, self.dropout_h, training)
+                x = locked_dropout(x, self.dropout_h, training, g)
         raw_output = x
-        output = locked_dropout(raw_output, self.dropout, training)
+        output = locked_dropout(raw_output, self.dropout, training, g)
         return LMOutput(self.decoder(output), new_hidden, raw_output, output)
 
     def extra_repr(self) -> str:

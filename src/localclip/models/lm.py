@@ -6,8 +6,9 @@ AWD-LSTM recipe (:func:`ar_tar_penalty`), hidden-state repackaging for truncated
 units (:func:`embedding_dropout`, :func:`locked_dropout`).
 
 Tensors are sequence-first: tokens ``[T, B]``, activations ``[T, B, H]``, logits
-``[T, B, ntoken]``. Every random mask is drawn from torch's default generator, in a fixed order,
-so a forward pass is reproducible from ``torch.manual_seed`` alone.
+``[T, B, ntoken]``. Every random mask is drawn from the ``generator`` passed in (the model's own,
+see :mod:`localclip.rng`; ``None`` means torch's default generator), in a fixed order, so a
+forward pass is reproducible from that generator's seed alone, whatever other threads do.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "LMOutput",
     "ar_tar_penalty",
     "detach_hidden",
+    "dropout",
     "dropout_mask",
     "embedding_dropout",
     "locked_dropout",
@@ -82,18 +84,25 @@ def detach_hidden(hidden: Any) -> Any:
     raise TypeError(f"detach_hidden expects tensors in tuples/lists, got {type(hidden).__name__}")
 
 
-def dropout_mask(like: Tensor, shape: tuple[int, ...], p: float) -> Tensor:
+def dropout_mask(like: Tensor, shape: tuple[int, ...], p: float, generator: torch.Generator | None = None) -> Tensor:
     """A ``shape`` mask of 0 (probability p) and 1/(1-p), with ``like``'s dtype and device.
 
     Thresholding ``torch.rand`` is about 2.5x faster on CPU than ``bernoulli_`` (what
     ``F.dropout`` uses), which matters for weight drop: three fresh masks over 12M weights every
-    step of the PTB model.
+    step of the PTB model. It also takes a generator, which ``F.dropout`` does not.
     """
-    keep = torch.rand(shape, dtype=like.dtype, device=like.device) >= p
+    keep = torch.rand(shape, dtype=like.dtype, device=like.device, generator=generator) >= p
     return keep.to(like.dtype).div_(1 - p)
 
 
-def embedding_dropout(weight: Tensor, tokens: Tensor, p: float, training: bool) -> Tensor:
+def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> Tensor:
+    """Elementwise dropout (``F.dropout``'s semantics) with masks from ``generator``."""
+    if not training or p == 0:
+        return x
+    return x * dropout_mask(x, x.shape, p, generator)
+
+
+def embedding_dropout(weight: Tensor, tokens: Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> Tensor:
     """Look up ``tokens`` in ``weight`` with whole vocabulary rows dropped with probability p.
 
     A dropped word is zero everywhere it occurs in the batch; kept rows are scaled by 1/(1-p).
@@ -104,11 +113,11 @@ def embedding_dropout(weight: Tensor, tokens: Tensor, p: float, training: bool) 
     emb = F.embedding(tokens, weight)
     if not training or p == 0:
         return emb
-    mask = dropout_mask(weight, (weight.size(0), 1), p)
+    mask = dropout_mask(weight, (weight.size(0), 1), p, generator)
     return emb * F.embedding(tokens, mask)
 
 
-def locked_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+def locked_dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> Tensor:
     """Variational dropout of Gal & Ghahramani (2016) on ``[T, B, H]``: one mask per sequence.
 
     The same units are dropped at every time step, which is what makes dropout usable on
@@ -116,7 +125,7 @@ def locked_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """
     if not training or p == 0:
         return x
-    return x * dropout_mask(x, (1, x.size(1), x.size(2)), p)
+    return x * dropout_mask(x, (1, x.size(1), x.size(2)), p, generator)
 
 
 def check_probability(name: str, p: float) -> None:

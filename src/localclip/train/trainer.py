@@ -10,12 +10,11 @@ worker reaches at the same step.
 from __future__ import annotations
 
 import math
-import random
 import time
 
-import numpy as np
 import torch
 
+from localclip import rng
 from localclip.algorithm import CELGC, NaiveParallelClipping
 from localclip.comm import current
 from localclip.errors import ConfigError, NonFiniteError
@@ -40,23 +39,6 @@ def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
     )
 
 
-def _rng_state() -> dict:
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
-        "python": list(random.getstate()),
-    }
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-
-
 class Trainer:
     """Trains one worker's model with the configured algorithm; see the module docstring."""
 
@@ -69,15 +51,14 @@ class Trainer:
         # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
         self.run_folder = run_folder
         self.run = run_folder if self.rank == 0 else None
-        # Same seed everywhere for x₀ (rank 0's is broadcast anyway); then a stream per worker.
-        torch.manual_seed(config.seed)
         self.workload = make_workload(config, self.comm)
         self.model = self.workload.model
         self.model.train()
         self.algorithm = build_algorithm(config, self.model, self.comm)
-        torch.manual_seed(config.seed + 7919 * (self.rank + 1))
-        np.random.seed((config.seed + self.rank) % 2**32)
-        random.seed(config.seed * 31 + self.rank)
+        # The worker's own stream for everything random in its steps (dropout masks): seeded
+        # from (seed, rank) alone, so no runtime or thread interleaving can change a draw.
+        self.generator = rng.worker_generator(config.seed, self.rank)
+        rng.set_generator(self.model, self.generator)
         self.progress = progress and self.rank == 0
         self.step = 0
         self.epoch = 0
@@ -153,9 +134,9 @@ class Trainer:
                     break
                 self._position += 1
                 comm_before, waited_before = self.comm.seconds, self.comm.waited
-                t0 = time.perf_counter()
+                t0 = self.comm.clock()
                 loss = self.train_step(batch, scale)
-                dt = time.perf_counter() - t0
+                dt = self.comm.clock() - t0
                 # A simulated worker's wait for the others' turns is neither its compute nor
                 # communication: leave it out of both.
                 comm_dt = self.comm.seconds - comm_before
@@ -324,7 +305,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "algorithm": self.algorithm.state_dict(),
             "workload": self.workload.state_dict(),
-            "rng": _rng_state(),
+            "rng": self.generator.get_state(),
             "best_val": self.best_val,
             "bad_epochs": self.bad_epochs,
             "asgd_avg": self.asgd_avg,
@@ -354,7 +335,7 @@ class Trainer:
         self.time_compute, self.time_comm = state["time_compute"], state["time_comm"]
         self._interval.copy_(state["interval"])
         self._clipped_seen = state["clipped_seen"]
-        _set_rng_state(state["rng"])
+        self.generator.set_state(state["rng"])
 
 
 def run_worker(config: TrainConfig, run_path: str | None, checkpoint: dict | None, progress: bool = True):

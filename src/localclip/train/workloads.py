@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from localclip import data
+from localclip import data, rng
 from localclip.comm import Communicator
 from localclip.errors import ConfigError
 from localclip.models import ar_tar_penalty, build_model, detach_hidden
@@ -42,7 +42,9 @@ class LMWorkload:
         name = {"lstm": "lstm", "awd_lstm": "awd_lstm"}.get(config.model)
         if name is None:
             raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm or awd_lstm)")
-        self.model = build_model(name, ntoken=self.ntokens, **config.model_options)
+        # The same x0 on every worker: initial weights come from the run's seed alone.
+        with rng.seeded(config.seed):
+            self.model = build_model(name, ntoken=self.ntokens, **config.model_options)
         self.schedule = data.BPTTSchedule(config.bptt, seed=config.seed, variable=config.variable_bptt)
         self.hidden = None
         self.stream = None
@@ -134,7 +136,8 @@ class ImageWorkload:
         if not config.model.startswith("resnet"):
             raise ConfigError(f"Invalid model for the image task: {config.model!r} (expected resnetD, e.g. resnet20)")
         channels = self.train_set.images.shape[1]
-        self.model = build_model(config.model, num_classes=10, in_channels=channels, **config.model_options)
+        with rng.seeded(config.seed):
+            self.model = build_model(config.model, num_classes=10, in_channels=channels, **config.model_options)
         indices = None
         if config.heterogeneous:
             parts = data.label_skew_partition(self.train_set.labels, comm.world_size, config.similarity, config.seed)
