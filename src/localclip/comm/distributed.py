@@ -3,6 +3,15 @@
 This module and the launcher are the only places that import ``torch.distributed``. Averages are
 computed by the callers as a SUM followed by a division: gloo's AVG reduction is not supported
 everywhere and NCCL's differs between versions, while SUM is exact and universal.
+
+Floating-point addition is not associative, and gloo's ring all-reduce adds the workers'
+values in an order that rotates from chunk to chunk, so with three or more workers its sums
+differ in the last bits from any fixed order. On gloo, a SUM over more than two workers is
+therefore done as a reduce-scatter by ``all_to_all`` (each worker receives every worker's copy
+of its own slice and adds them in rank order: ``((x0 + x1) + x2) + ...``), then an
+``all_gather`` of the sums: the same bytes on the wire as the ring, and the same bits as the
+simulated runtime, which adds in rank order too. Two workers need nothing of the kind
+(``a + b == b + a`` exactly); NCCL keeps its own all-reduce (simulation is CPU-only).
 """
 
 from __future__ import annotations
@@ -102,6 +111,7 @@ class ProcessGroupCommunicator(Communicator):
         self.world_size = dist.get_world_size(group)
         self.timeout = check_timeout(timeout)
         self._timedelta = datetime.timedelta(seconds=self.timeout)
+        self._backend = str(dist.get_backend(group)).lower()
 
     def _wait(self, works, what: str, then=None, tensors=()) -> None:
         for i, work in enumerate(works):
@@ -115,11 +125,47 @@ class ProcessGroupCommunicator(Communicator):
                 then(tensors[i])
 
     def _all_reduce(self, tensors, op, then):
+        if op == "sum" and self.world_size > 2 and self._backend == "gloo":
+            return self._rank_ordered_sum(tensors, then)
         try:
             works = [dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True) for t in tensors]
         except RuntimeError as exc:
             raise CommunicationError(f"rank {self.rank}: all_reduce failed: {exc}") from exc
         self._wait(works, f"all_reduce({op}) of {len(tensors)} tensor(s)", then, tensors)
+
+    def _rank_ordered_sum(self, tensors, then) -> None:
+        """SUM-reduce ``tensors`` in place, adding in rank order (see the module docstring)."""
+        world, what = self.world_size, f"all_reduce(sum) of {len(tensors)} tensor(s)"
+        sends = []
+        try:
+            # Issue every scatter first, so later tensors travel while earlier ones are summed.
+            for t in tensors:
+                n = t.numel()
+                m = -(-n // world)  # slice length; the last slices are padded with zeros
+                if n == m * world and t.is_contiguous():
+                    send = t.view(-1)
+                else:
+                    send = t.new_zeros(m * world)
+                    send[:n].copy_(t.reshape(-1))
+                recv = torch.empty_like(send)
+                sends.append((t, send, recv, m, dist.all_to_all_single(recv, send, group=self.group, async_op=True)))
+            gathers = []
+            for t, send, recv, m, work in sends:
+                self._wait([work], what)
+                pieces = recv.view(world, m)
+                total = pieces[0].clone()
+                for j in range(1, world):
+                    total.add_(pieces[j])
+                # send's own contents have been sent: it receives everyone's sums.
+                gathers.append(dist.all_gather_into_tensor(send, total, group=self.group, async_op=True))
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {self.rank}: all_reduce failed: {exc}") from exc
+        for (t, send, _, _, _), work in zip(sends, gathers):
+            self._wait([work], what)
+            if send.data_ptr() != t.data_ptr():
+                t.copy_(send[: t.numel()].view_as(t))
+            if then is not None:
+                then(t)
 
     def _broadcast(self, tensors, src):
         src_global = dist.get_global_rank(self.group, src) if self.group is not None else src

@@ -9,6 +9,7 @@ worker reaches at the same step.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 
@@ -22,7 +23,7 @@ from localclip.train.config import TrainConfig
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
 
-__all__ = ["Trainer", "run_worker", "build_algorithm"]
+__all__ = ["Trainer", "run_worker", "build_algorithm", "state_hash"]
 
 
 def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
@@ -37,6 +38,16 @@ def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
         model, config.lr, config.gamma, config.period, clip_mode=config.clip_mode,
         participants=config.participants, participation_seed=config.seed, **common,
     )
+
+
+def state_hash(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's state (names, dtypes, shapes and bytes): equal hashes, equal models."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 class Trainer:
@@ -186,6 +197,7 @@ class Trainer:
             "period": cfg.period,
         }
         summary.update(final)
+        summary["model/sha256"] = state_hash(self.model)
         return summary
 
     def _epoch_progress(self) -> float:
