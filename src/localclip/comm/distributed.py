@@ -29,6 +29,8 @@ from localclip.errors import CommunicationError
 __all__ = ["ProcessGroupCommunicator", "init", "shutdown", "is_initialized"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+# all_gather_into_tensor was renamed all_gather_single (and deprecated) in recent torch releases.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def is_initialized() -> bool:
@@ -157,7 +159,7 @@ class ProcessGroupCommunicator(Communicator):
                 for j in range(1, world):
                     total.add_(pieces[j])
                 # send's own contents have been sent: it receives everyone's sums.
-                gathers.append(dist.all_gather_into_tensor(send, total, group=self.group, async_op=True))
+                gathers.append(_all_gather(send, total, group=self.group, async_op=True))
         except RuntimeError as exc:
             raise CommunicationError(f"rank {self.rank}: all_reduce failed: {exc}") from exc
         for (t, send, _, _, _), work in zip(sends, gathers):
