@@ -1,4 +1,4 @@
-"""Trainer overhead and runtime cost, measured side by side in one run.
+"""Trainer overhead, measured side by side in one run (runtimes: see bench_runtimes.py).
 
 1. Trainer overhead: ``Trainer.train_step`` (the real training step: lr/γ set-up, forward,
    loss, backward, CELGC step with its averager) against a bare loop doing the same math
@@ -7,11 +7,6 @@
    trainer relative to the bare loop; the issue's target is >= 0.95). Measured with one intra-op
    thread as the calling thread's CPU time (``time.thread_time``), which other jobs on a shared
    machine do not inflate; wall-clock ratios are printed too.
-2. Runtimes: the same short ptb-small run (4 workers, period 8) under ``simulate`` (4 workers
-   taking turns in one process) and ``spawn`` (4 gloo processes), alternating; compared on the
-   training-loop wall time each run reports (``time/seconds``: start-up and data loading
-   excluded), and simulation again with one intra-op thread (``--set threads=1``). Ratio > 1
-   means simulation is faster.
 
     python benchmarks/bench_trainer.py --data-root ../shared/data            # default sizes
     python benchmarks/bench_trainer.py --data-root ../shared/data --quick    # a smoke run
@@ -23,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import tempfile
 import time
 
 import torch
@@ -33,7 +27,7 @@ from localclip import ClippedSGD
 from localclip.comm import SimulatedWorld
 from localclip.models import detach_hidden
 from localclip.recipes import get_recipe
-from localclip.train import Trainer, run_training
+from localclip.train import Trainer
 
 
 def trainer_overhead(config, blocks: int, block_steps: int) -> tuple[list[float], list[float]]:
@@ -72,32 +66,15 @@ def trainer_overhead(config, blocks: int, block_steps: int) -> tuple[list[float]
     return SimulatedWorld(1).run(worker)[0]
 
 
-def runtime_comparison(config, repeats: int) -> dict[str, list[float]]:
-    variants = {
-        "simulate": ("simulate", config),
-        "simulate-1thread": ("simulate", dataclasses.replace(config, threads=1)),
-        "spawn": ("spawn", config),
-    }
-    times = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, (runtime, cfg) in variants.items():
-            with tempfile.TemporaryDirectory() as tmp:
-                summary = run_training(cfg, f"{tmp}/run", runtime=runtime, progress=False)
-                times[name].append(summary["time/seconds"])
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--blocks", type=int, default=21)
     parser.add_argument("--block-steps", type=int, default=10)
-    parser.add_argument("--runtime-steps", type=int, default=80)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.blocks, args.block_steps, args.runtime_steps, args.repeats = 3, 10, 16, 1
+        args.blocks, args.block_steps = 3, 10
 
     base = dataclasses.replace(get_recipe("ptb-small"), data_root=args.data_root, eval_tokens=2000, log_interval=10**6, checkpoint_interval=10**6)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
@@ -117,16 +94,7 @@ def main() -> None:
     print(f"   Trainer        {1e3 * mt / args.block_steps:8.2f}")
     print(f"   throughput ratio trainer/bare = {mb / mt:.3f} (paired {paired:.3f}; wall-clock paired {wall:.3f})   (target >= 0.95)")
 
-    four = dataclasses.replace(base, workers=4, period=8, max_steps=args.runtime_steps).resolved()
-    times = runtime_comparison(four, args.repeats)
-    ms, m1, mp = (statistics.median(times[k]) for k in ("simulate", "simulate-1thread", "spawn"))
-    print(f"\n2. runtimes, ptb-small, 4 workers, I=8, {args.runtime_steps} steps each, {args.repeats} alternating repeats (median training-loop s)")
-    print(f"   simulate (4 workers in 1 process, {torch.get_num_threads()} threads)  {ms:8.2f}")
-    print(f"   simulate (the same, --set threads=1)       {m1:8.2f}")
-    print(f"   spawn    (4 gloo processes)                {mp:8.2f}")
-    print(f"   speed ratio simulate/spawn = {mp / ms:.3f}, simulate 1 thread/spawn = {mp / m1:.3f}   (> 1: simulation faster)")
-    print(json.dumps({"trainer_over_bare": mb / mt, "trainer_over_bare_paired": paired, "simulate_over_spawn": mp / ms,
-                      "simulate_1thread_over_spawn": mp / m1}))
+    print(json.dumps({"trainer_over_bare": mb / mt, "trainer_over_bare_paired": paired}))
 
 
 if __name__ == "__main__":

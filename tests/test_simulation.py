@@ -149,7 +149,7 @@ def _run(tmp_path, recipe, runtime, workers, extra):
 
 
 LM = ["--set", "model_options.dropout=0.2", "--set", "eval_tokens=1000", "--period", "4", "--max-steps", "10", "--set", "log_interval=2"]
-IMAGE = ["--period", "4", "--max-steps", "10", "--set", "log_interval=2", "--set", "batch_size=8"]
+IMAGE = ["--period", "3", "--max-steps", "6", "--set", "log_interval=2", "--set", "batch_size=8"]
 
 
 def _compare(tmp_path, recipe, workers, extra):

@@ -58,16 +58,6 @@ def test_each_algorithm_trains_and_writes_a_complete_run_folder(tmp_path, algori
     assert final and final[0]["val/ppl"] == summary["val/ppl"]
 
 
-def test_spawned_processes_match_simulated_workers(tmp_path):
-    args = ["--workers", "2", "--period", "4", "--max-steps", "10"]
-    assert train(tmp_path, *args, "--runtime", "simulate", name="sim")[0] == 0
-    assert train(tmp_path, *args, "--runtime", "spawn", name="spawn")[0] == 0
-    sim = json.loads((tmp_path / "sim" / "summary.json").read_text())
-    real = json.loads((tmp_path / "spawn" / "summary.json").read_text())
-    assert abs(sim["val/ppl"] - real["val/ppl"]) / sim["val/ppl"] <= 1e-3
-    assert sim["comm/bytes"] == real["comm/bytes"] and sim["comm/rounds"] == real["comm/rounds"]
-
-
 def test_torchrun_runtime(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
