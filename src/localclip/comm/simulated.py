@@ -254,6 +254,16 @@ class SimulatedWorld:
                     f"rank {first} called {coll.kind} on {coll.shapes}"
                 )
             coll.arrived[rank] = tensors
+            gone = [r for r in range(self.world_size) if self._finished[r] and r not in coll.arrived]
+            if gone:
+                # A peer that has returned will never arrive: fail now, not after the timeout.
+                error = CommunicationError(
+                    f"simulated rank {gone[0]} finished while ranks {sorted(coll.arrived)} wait for it in a collective ({kind})"
+                )
+                if self._failure is None:
+                    self._failure = (gone[0], error)
+                self._cond.notify_all()
+                raise error
             if len(coll.arrived) == self.world_size:
                 # The last to arrive reduces; the others are all waiting for exactly this.
                 self._complete(coll)
