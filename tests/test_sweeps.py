@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from localclip import sweeps
+from localclip import experiments as sweeps
+from localclip.experiments import runner
+from localclip.experiments.report import BANDWIDTH, LATENCY
 from localclip.cli import main
 from localclip.errors import ConfigError, LocalclipError
 from localclip.recipes import get_recipe
@@ -130,8 +132,8 @@ def test_a_run_that_died_after_a_checkpoint_is_resumed_not_restarted(tmp_path, m
     assert [json.loads(line)["step"] for line in kept] == [2, 4]
 
     calls = []
-    train = sweeps.run_training
-    monkeypatch.setattr(sweeps, "run_training", lambda *a, **k: calls.append(k["resume"]) or train(*a, **k))
+    train = runner.run_training
+    monkeypatch.setattr(runner, "run_training", lambda *a, **k: calls.append(k["resume"]) or train(*a, **k))
     assert small_sweep(tmp_path, only=["celgc-I8"], max_steps=16) == {"celgc-I8": "resumed"}
     assert calls == [True] and (run / "config.json").read_bytes() == config_before
     after = (run / "metrics.jsonl").read_text().splitlines()
@@ -149,7 +151,7 @@ def test_a_failing_run_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
             raise ConfigError("Invalid lr: 'boom'")
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(sweeps, "run_training", fake_training)
+    monkeypatch.setattr(runner, "run_training", fake_training)
     with pytest.raises(sweeps.SweepFailed) as info:
         sweeps.run_sweep("isweep", tmp_path, only=["celgc-I2", "celgc-I4", "naive"], echo=lambda _: None)
     assert calls == ["celgc-I2", "celgc-I4", "naive"]
@@ -253,7 +255,7 @@ def test_isweep_time_to_target_with_one_compute_time_per_step(tmp_path):
     (folder / "celgc-I8" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
     rows = {r["run"]: r for r in sweeps.report("isweep", tmp_path, figure=False)["rows"]}
-    link = lambda rounds, nbytes: rounds * sweeps.LATENCY + nbytes * 8 / sweeps.BANDWIDTH  # noqa: E731
+    link = lambda rounds, nbytes: rounds * LATENCY + nbytes * 8 / BANDWIDTH  # noqa: E731
     # Target: naive's final 100, reached by naive at step 30 and by celgc-I8 at step 20.
     assert rows["naive"]["modelled s to naive's val/ppl"] == pytest.approx(3.0 + link(3, 300), abs=1e-3)
     assert rows["celgc-I8"]["modelled s to naive's val/ppl"] == pytest.approx(6.0 + link(2 / 8, 200 / 8), abs=1e-3)

@@ -80,10 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--bandwidth", type=_positive_float("--bandwidth"), default=1e9, help="modelled link bandwidth in bit/s (default 1e9)")
     plot.add_argument("--latency", type=float, default=50e-6, help="modelled per-round latency in seconds (default 50e-6)")
 
-    # -- sweep and report (localclip.sweeps) --
+    # -- sweep and report (localclip.experiments) --
     sweep_cmd = sub.add_parser("sweep", help="run a named sweep (finished runs are skipped, started ones resumed)",
                                description="Run a named sweep's runs one after another into ROOT/NAME/RUN. Run it again to continue an interrupted sweep.")
-    sweep_cmd.add_argument("name", help="a sweep: isweep, speedup, scenarios or image")
+    sweep_cmd.add_argument("name", help="a sweep: isweep, speedup, scenarios, image, converge, converge-tune, converge-lsgd")
     sweep_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
     sweep_cmd.add_argument("--epochs", type=_positive_float("--epochs"), help="epochs per run (default: the sweep's own, sized for about an hour of a 2-core CPU)")
     sweep_cmd.add_argument("--runtime", choices=["simulate", "spawn"], default="simulate", help="simulate (default) or spawn, as for `localclip train`")
@@ -92,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep_cmd.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop every run after K local steps per worker (smoke tests)")
     sweep_cmd.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run (repeatable)")
     sweep_cmd.add_argument("--list", action="store_true", help="print the planned runs, one line each, and exit")
-    sweep_cmd.add_argument("--progress", action="store_true", help="a progress bar per run")
+    sweep_cmd.add_argument("--progress", action="store_true", help="a progress bar per run (with --jobs 1)")
+    sweep_cmd.add_argument("--jobs", type=_positive_int("--jobs"), help="runs at once, each in its own process on its share of the cores "
+                           "(default: one per core, which is fastest because every sweep run pins one thread per worker; results do not depend on it)")
     report_cmd = sub.add_parser("report", help="summarise a sweep's finished runs into summary.csv, summary.md and figure.png")
     report_cmd.add_argument("name", help="a sweep name")
     report_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
@@ -178,11 +180,11 @@ def _plot(args) -> int:
     return 0
 
 
-# -- sweep and report (localclip.sweeps) --
+# -- sweep and report (localclip.experiments) --
 
 
 def _sweep(args) -> int:
-    from localclip import sweeps
+    from localclip import experiments as sweeps
 
     if args.list:
         for line in sweeps.plan_lines(args.name, args.root, args.epochs, args.only):
@@ -198,7 +200,7 @@ def _sweep(args) -> int:
         _ensure_corpus(resolved)
     sweeps.run_sweep(
         args.name, args.root, epochs=args.epochs, runtime=args.runtime, data_root=args.data_root, only=args.only,
-        progress=args.progress, max_steps=args.max_steps, overrides=args.overrides,
+        progress=args.progress, max_steps=args.max_steps, overrides=args.overrides, jobs=args.jobs,
         echo=lambda line: print(line, flush=True),
     )
     print(f"sweep {args.name}: done; `localclip report {args.name} --root {args.root}` summarises it")
@@ -208,11 +210,11 @@ def _sweep(args) -> int:
 def _report(args) -> int:
     from pathlib import Path
 
-    from localclip.sweeps import report
+    from localclip.experiments import report
 
     result = report(args.name, args.root, loss_target=args.loss_target, ppl_target=args.ppl_target)
     print(Path(result["markdown"]).read_text(), end="")
-    written = [result["csv"], result["markdown"]] + ([result["figure"]] if result["figure"] else [])
+    written = [result["csv"], result["markdown"]] + [result[k] for k in ("figure", "curves") if result.get(k)]
     print(f"wrote {', '.join(written)}")
     if result["figure_error"]:
         print(f"localclip: warning: no figure: {result['figure_error']}", file=sys.stderr)

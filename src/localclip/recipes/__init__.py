@@ -8,12 +8,13 @@ in ALGORITHM.md §4–5.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from localclip.errors import ConfigError
 from localclip.train.config import TrainConfig
 
-__all__ = ["RECIPES", "get_recipe", "recipe"]
+__all__ = ["RECIPES", "converge_schedule", "get_recipe", "recipe"]
 
 RECIPES: dict[str, Callable[[], TrainConfig]] = {}
 
@@ -41,6 +42,43 @@ def ptb_small() -> TrainConfig:
         algorithm="celgc", workers=4, period=8, lr=20.0, gamma=5.0, batch_size=5,
         epochs=1.0, bptt=20, eval_bptt=35, eval_batch_size=10, test_batch_size=2,
         seed=2020, log_interval=50, checkpoint_interval=200,
+    )
+
+
+# The total decay of ptb-converge's lr and γ over the run: Zaremba et al.'s (2014) small-LSTM
+# schedule halves the lr every epoch from epoch 4 of 13; 8 halvings over 12 epochs is 1/256.
+CONVERGE_TOTAL_DECAY = 1 / 256
+
+
+def converge_schedule(epochs: float, start: float) -> tuple[list[int], float]:
+    """``(lr_decay_epochs, lr_decay)`` of a step decay that starts ``start`` (a fraction) of the
+    way into ``epochs`` epochs and multiplies lr and γ once per epoch until the last, down to
+    :data:`CONVERGE_TOTAL_DECAY` in all. Never decays in epoch 0 (no decay for runs under two epochs)."""
+    if not 0 <= start <= 1:
+        raise ConfigError(f"Invalid decay start: {start!r} (expected a fraction of the run in [0, 1])")
+    first = max(1, round(start * epochs))
+    decay_epochs = list(range(first, math.ceil(epochs)))
+    if not decay_epochs:
+        return [], 1.0
+    return decay_epochs, CONVERGE_TOTAL_DECAY ** (1 / len(decay_epochs))
+
+
+@recipe("ptb-converge")
+def ptb_converge() -> TrainConfig:
+    """PTB, ptb-small's 2x200 LSTM with dropout, N=8, 12 epochs, lr and γ step-decayed together: a CPU run to a plateau.
+
+    ptb-small is Zaremba et al.'s (2014) small LSTM at η = 20 on the mean token loss and clip
+    norm γ/η = 0.25 (their lr 1 and norm 5 on the loss summed over 20 steps); this recipe adds
+    their schedule: constant for the first third, then lr and γ multiplied by 0.5 every epoch
+    (:func:`converge_schedule`), so the clip norm γ/η stays fixed (as ``GammaFollowsLR`` keeps
+    it). Dropout 0.2 and the decay start are the values the ``converge-tune`` sweep tunes on
+    naive parallel clipping; one intra-op thread per worker, 4 validations per epoch in sweeps.
+    """
+    base = ptb_small()
+    decay_epochs, decay = converge_schedule(12.0, 1 / 3)
+    return dataclasses.replace(
+        base, model_options={**base.model_options, "dropout": 0.2}, workers=8, period=32, epochs=12.0,
+        lr_decay_epochs=decay_epochs, lr_decay=decay, threads=1, checkpoint_interval=500,
     )
 
 

@@ -1,0 +1,289 @@
+"""Sweep definitions: the named groups of runs behind the research questions, as data.
+
+A sweep is a plain function ``(epochs) -> [(run_name, TrainConfig), ...]`` registered with
+:func:`sweep`; it derives every run from a recipe with ``dataclasses.replace`` and owns nothing
+else (running is :mod:`localclip.experiments.runner`'s, tables and figures are
+:mod:`localclip.experiments.report`'s). Its default ``epochs`` is what the research question
+needs; its first docstring line is what ``localclip sweep --list`` and the report print.
+
+Every run pins one intra-op thread per worker (``threads=1``): the number of threads an op
+splits its work into can change the order of floating-point sums, so pinning it is what makes a
+sweep's numbers the same whatever ``--jobs`` and whatever machine runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+from localclip.errors import LocalclipError
+from localclip.recipes import get_recipe
+from localclip.train.config import TrainConfig
+
+__all__ = ["SWEEPS", "Plan", "SweepError", "SweepFailed", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "select", "sweep"]
+
+Plan = list[tuple[str, TrainConfig]]
+
+SWEEPS: dict[str, Callable[..., Plan]] = {}
+
+# Worker-steps in one epoch (one pass of the whole system over the training set) of each recipe
+# the sweeps use: PTB's 929,589 training tokens in b=5 columns of bptt 20, and Fashion-MNIST's
+# 60,000 images in batches of 16. Only the logging and evaluation intervals are derived from
+# them, so an estimate off by a few steps changes nothing but where a record falls.
+WORKER_STEPS_PER_EPOCH = {"ptb-small": 9296, "ptb-converge": 9296, "fmnist-resnet": 3750}
+LOGS_PER_EPOCH = 64
+
+
+class SweepError(LocalclipError):
+    """An unknown sweep or run name, a bad ``--jobs``, or a sweep folder that cannot be reported."""
+
+
+class SweepFailed(SweepError):
+    """Some runs of a sweep failed; the others ran. ``failures`` maps run name to its error."""
+
+    def __init__(self, name: str, failures: dict[str, str]):
+        self.failures = dict(failures)
+        detail = "; ".join(f"{run}: {error}" for run, error in failures.items())
+        super().__init__(f"sweep {name}: {len(failures)} run(s) failed: {detail}")
+
+
+def sweep(name: str):
+    def register(fn):
+        SWEEPS[name] = fn
+        return fn
+
+    return register
+
+
+def plan(name: str, epochs: float | None = None, only: Sequence[str] | None = None) -> Plan:
+    """The sweep's runs in the order they start; ``epochs`` overrides the sweep's default and
+    ``only`` keeps the runs it names."""
+    if name not in SWEEPS:
+        raise SweepError(f"Unknown sweep {name!r}; available: {', '.join(SWEEPS)} (see `localclip sweep NAME --list`)")
+    if epochs is not None and not (epochs > 0 and math.isfinite(epochs)):
+        raise SweepError(f"Invalid epochs for sweep {name}: {epochs!r} (expected a finite number > 0)")
+    runs = SWEEPS[name]() if epochs is None else SWEEPS[name](epochs)
+    names = [run for run, _ in runs]
+    assert len(set(names)) == len(names), f"sweep {name} repeats a run name: {names}"
+    selected = select(name, runs, only)
+    return [(run, cfg) for run, cfg in runs if run in selected]
+
+
+def select(name: str, runs: Plan, only: Sequence[str] | None) -> list[str]:
+    """The names of ``runs`` that ``only`` keeps (all when it is empty), refusing unknown ones."""
+    names = [run for run, _ in runs]
+    if not only:
+        return names
+    unknown = [run for run in only if run not in names]
+    if unknown:
+        raise SweepError(f"Unknown run(s) of sweep {name}: {', '.join(unknown)}; its runs: {', '.join(names)}")
+    return [run for run in names if run in set(only)]
+
+
+def describe() -> list[str]:
+    return [f"{name:13s} {(fn.__doc__ or '').strip().splitlines()[0]}" for name, fn in SWEEPS.items()]
+
+
+def _sized(cfg: TrainConfig, recipe: str, evals_per_epoch: int) -> TrainConfig:
+    """Logging and evaluation intervals per epoch, whatever N: about ``evals_per_epoch``
+    validations per epoch, at steps that end a communication period, so that every validation
+    scores the averaged model (between rounds each worker would score its own columns with its
+    own model). The intervals do not depend on ``epochs``, so a run resumed with other epochs
+    keeps its config. A full PTB validation costs about as much as 250 worker-steps.
+    """
+    resolved = cfg.resolved()
+    per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.workers)
+    period = resolved.period if resolved.algorithm in ("celgc", "local-sgd") and resolved.workers > 1 else 1
+    every = max(period, round(per_worker / evals_per_epoch / period) * period)
+    return dataclasses.replace(cfg, eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH), threads=1)
+
+
+def _ptb(epochs: float, evals_per_epoch: int = 8, **changes) -> TrainConfig:
+    return _sized(dataclasses.replace(get_recipe("ptb-small"), epochs=epochs, **changes), "ptb-small", evals_per_epoch)
+
+
+def _fmnist(epochs: float, evals_per_epoch: int = 4, **changes) -> TrainConfig:
+    return _sized(dataclasses.replace(get_recipe("fmnist-resnet"), epochs=epochs, **changes), "fmnist-resnet", evals_per_epoch)
+
+
+@sweep("isweep")
+def isweep(epochs: float = 0.5) -> Plan:
+    """RQ1/RQ3 — ptb-small, N=8: CELGC with I = 2..64 against naive parallel clipping, local SGD and one worker.
+
+    Same seed, η = 20 and γ = 5 everywhere; local SGD is CELGC without clipping (γ = ∞), I=8.
+
+    Naive parallel clipping is CELGC's I=1 counterpart (gradients averaged every step); ``single``
+    trains one worker on the whole corpus (an epoch is then 8x as many steps per worker). 9 runs
+    of ``epochs`` epochs each (5,312 worker-steps per epoch), 8 validations per epoch so that the
+    report can find when each run first reaches naive parallel's final perplexity.
+    """
+    runs = [(f"celgc-I{i}", _ptb(epochs, algorithm="celgc", workers=8, period=i)) for i in (2, 4, 8, 16, 32, 64)]
+    runs.append(("naive", _ptb(epochs, algorithm="naive", workers=8, period=1)))
+    runs.append(("local-sgd-I8", _ptb(epochs, algorithm="local-sgd", workers=8, period=8)))
+    runs.append(("single", _ptb(epochs, algorithm="single", workers=1)))
+    return runs
+
+
+@sweep("speedup")
+def speedup(epochs: float = 1.0) -> Plan:
+    """RQ2 — ptb-small, CELGC I=8 with the per-worker batch b=5 fixed and N = 1, 2, 4, 8.
+
+    N=1 is the ``single`` algorithm (one worker; CELGC with a world of one is the same).
+
+    Every run passes over the corpus ``epochs`` times, so N workers take 1/N as many steps each;
+    the report compares the steps per worker each needs to reach the same training loss and
+    validation perplexity. 4 runs of ``epochs`` epochs each, 8 validations per epoch.
+    """
+    runs = [("single-N1", _ptb(epochs, algorithm="single", workers=1))]
+    runs += [(f"celgc-N{n}-I8", _ptb(epochs, algorithm="celgc", workers=n, period=8)) for n in (2, 4, 8)]
+    return runs
+
+
+@sweep("scenarios")
+def scenarios(epochs: float = 0.5) -> Plan:
+    """RQ4 — ptb-small, N=8: CELGC against naive parallel clipping with heterogeneous data, K=4 of 8, momentum 0.9.
+
+    * ``naive``: the homogeneous naive parallel baseline; it is also partial participation's
+      baseline (the paper compares with full-participation naive parallel, and naive parallel
+      clipping has no partial variant: it would ignore ``participants``).
+    * Heterogeneous data on PTB means that worker r keeps shard r instead of taking shard
+      (r + e) mod N in epoch e; epoch 0 is the same either way, so the two heterogeneous runs get
+      ``epochs + 1`` epochs: one epoch as in every run, then ``epochs`` where the data differs
+      (the report's epochs column says so).
+    * Momentum 0.9 makes the effective step about 1/(1-0.9) = 10x longer, so both momentum runs
+      scale ptb-small's η = 20 and γ = 5 by 0.1 (η = 2, γ = 0.5: the same clip norm γ/η = 0.25);
+      ``celgc-I4-mom0`` keeps η = 20, γ = 5 without momentum.
+
+    The final perplexities are what matter here, so 4 validations per epoch instead of 8.
+    """
+    base = get_recipe("ptb-small")
+    lr, gamma = base.lr * 0.1, base.gamma * 0.1
+    ptb = functools.partial(_ptb, evals_per_epoch=4, workers=8)
+    return [
+        ("naive", ptb(epochs, algorithm="naive", period=1)),
+        ("celgc-I8-hetero", ptb(epochs + 1, algorithm="celgc", period=8, heterogeneous=True)),
+        ("naive-hetero", ptb(epochs + 1, algorithm="naive", period=1, heterogeneous=True)),
+        ("celgc-I8-K4", ptb(epochs, algorithm="celgc", period=8, participants=4)),
+        ("celgc-I4-mom0.9-lr0.1x", ptb(epochs, algorithm="celgc", period=4, momentum=0.9, lr=lr, gamma=gamma)),
+        ("naive-mom0.9-lr0.1x", ptb(epochs, algorithm="naive", period=1, momentum=0.9, lr=lr, gamma=gamma)),
+        ("celgc-I4-mom0", ptb(epochs, algorithm="celgc", period=4)),
+    ]
+
+
+@sweep("image")
+def image(epochs: float = 5.0) -> Plan:
+    """RQ5 — Fashion-MNIST ResNet-8 (BatchNorm), N=8: CELGC I=8 against naive parallel clipping and local SGD.
+
+    The ``fmnist-resnet`` recipe: b=16, η=0.1, γ=1, weight decay 5e-4, BatchNorm buffers averaged
+    with the parameters; local SGD is CELGC with γ = ∞, I=8.
+
+    3 runs of ``epochs`` epochs each (3,750 worker-steps per epoch), 4 validations per epoch.
+    """
+    return [
+        ("celgc-I8", _fmnist(epochs, algorithm="celgc", workers=8, period=8)),
+        ("naive", _fmnist(epochs, algorithm="naive", workers=8, period=1)),
+        ("local-sgd-I8", _fmnist(epochs, algorithm="local-sgd", workers=8, period=8)),
+    ]
+
+
+# -- at convergence (issue 12) ---------------------------------------------------------------------
+
+# The largest η at which local SGD without clipping (I=8, N=8, the ptb-converge recipe) does not
+# diverge. Set it from the `converge-lsgd` probe (the largest of its η whose run ends finite);
+# until that has run, this is a guess below the η = 20 that diverged in the 1-epoch isweep.
+LOCAL_SGD_STABLE_LR = 2.5
+
+
+def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None = None, **changes) -> TrainConfig:
+    """ptb-converge at ``epochs`` epochs, its lr/γ step decay rescaled to that length (see
+    :func:`localclip.recipes.converge_schedule`)."""
+    from localclip.recipes import converge_schedule
+
+    base = get_recipe("ptb-converge")
+    if decay_start is None:
+        decay_start = base.lr_decay_epochs[0] / base.epochs if base.lr_decay_epochs else 1.0
+    decay_epochs, decay = converge_schedule(epochs, decay_start)
+    cfg = dataclasses.replace(base, epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, **changes)
+    return _sized(cfg, "ptb-converge", evals_per_epoch)
+
+
+@sweep("converge")
+def converge(epochs: float = 12.0) -> Plan:
+    """Claims at convergence — ptb-converge, N=8: naive, CELGC I=8/32/256, local SGD, scenarios, a second seed.
+
+    Every run is the ``ptb-converge`` recipe (dropout and lr/γ step decay as tuned on naive
+    parallel clipping by ``converge-tune``); nothing is tuned for CELGC. The main runs last
+    ``epochs`` epochs (default 12):
+
+    * ``naive`` (single-machine clipped SGD with the global batch 8·5), ``celgc-I8``,
+      ``celgc-I32``, ``celgc-I256``. An epoch is 1,162 local steps per worker, so I=1024 would
+      give about one round per epoch (the end-of-epoch average): it is left out.
+    * ``local-sgd-I8-lr20`` (no clipping, the same η = 20) and ``local-sgd-I8-lr{LOCAL_SGD_STABLE_LR}``
+      (the largest η of the ``converge-lsgd`` probe that does not diverge).
+    * ``naive-s2``, ``celgc-I32-s2``: the headline pair again with another seed.
+
+    The scenarios last half as long (6 epochs at the default), with the same decay compressed
+    to that length, and their own naive baselines at that length: heterogeneous shards
+    (``naive-hetero``, ``celgc-I32-hetero``), partial participation K=4 of 8 (``celgc-I16-K4``
+    against ``naive-short``), momentum 0.9 with one η = 2, γ = 0.5 for both (``naive-mom0.9``,
+    ``celgc-I4-mom0.9``; the clip norm γ/η stays 0.25). 4 validations per epoch.
+    """
+    base = get_recipe("ptb-converge")
+    seed2 = base.seed + 1
+    short = max(6.0, epochs / 2) if epochs >= 6 else epochs / 2
+    stable = LOCAL_SGD_STABLE_LR
+    runs = [
+        ("naive", _converge(epochs, algorithm="naive", period=1)),
+        ("celgc-I8", _converge(epochs, algorithm="celgc", period=8)),
+        ("celgc-I32", _converge(epochs, algorithm="celgc", period=32)),
+        ("celgc-I256", _converge(epochs, algorithm="celgc", period=256)),
+        ("local-sgd-I8-lr20", _converge(epochs, algorithm="local-sgd", period=8)),
+        (f"local-sgd-I8-lr{stable:g}", _converge(epochs, algorithm="local-sgd", period=8, lr=stable)),
+        ("naive-s2", _converge(epochs, algorithm="naive", period=1, seed=seed2)),
+        ("celgc-I32-s2", _converge(epochs, algorithm="celgc", period=32, seed=seed2)),
+        ("naive-short", _converge(short, algorithm="naive", period=1)),
+        ("naive-hetero", _converge(short, algorithm="naive", period=1, heterogeneous=True)),
+        ("celgc-I32-hetero", _converge(short, algorithm="celgc", period=32, heterogeneous=True)),
+        ("celgc-I16-K4", _converge(short, algorithm="celgc", period=16, participants=4)),
+        ("naive-mom0.9", _converge(short, algorithm="naive", period=1, momentum=0.9, lr=base.lr * 0.1, gamma=base.gamma * 0.1)),
+        ("celgc-I4-mom0.9", _converge(short, algorithm="celgc", period=4, momentum=0.9, lr=base.lr * 0.1, gamma=base.gamma * 0.1)),
+    ]
+    return runs
+
+
+CONVERGE_TUNE_DROPOUTS = (0.0, 0.2, 0.4)
+CONVERGE_TUNE_DECAY_STARTS = (1 / 6, 1 / 2)  # besides the recipe's own 1/3
+
+
+@sweep("converge-tune")
+def converge_tune(epochs: float = 6.0) -> Plan:
+    """Tuning ptb-converge on naive parallel clipping only: dropout 0, 0.2, 0.4 and when the lr/γ decay starts.
+
+    Naive parallel clipping, N=8, ``epochs`` epochs (default 6, half the converge length, the
+    decay compressed to it): dropout 0.0, 0.2 and 0.4 with the decay starting a third of the way
+    in (the recipe's), then dropout 0.2 with the decay starting at 1/6 and at 1/2 of the run.
+    The decay always ends at 1/256 of the initial lr and γ. 5 runs, 4 validations per epoch;
+    set the recipe's ``dropout`` and ``lr_decay_epochs`` from the best final val/ppl.
+    """
+    runs = [(f"naive-d{d:g}", _converge(epochs, algorithm="naive", period=1, decay_start=1 / 3, model_options=_dropout(d)))
+            for d in CONVERGE_TUNE_DROPOUTS]
+    runs += [(f"naive-d0.2-decay{start:.2f}", _converge(epochs, algorithm="naive", period=1, decay_start=start, model_options=_dropout(0.2)))
+             for start in CONVERGE_TUNE_DECAY_STARTS]
+    return runs
+
+
+@sweep("converge-lsgd")
+def converge_lsgd(epochs: float = 2.0) -> Plan:
+    """Probe for local SGD's largest non-diverging η on ptb-converge (N=8, I=8, no clipping): η = 10, 5, 2.5, 1.25.
+
+    Short runs (default 2 epochs, the recipe's decay compressed to them): divergence under local
+    SGD shows within the first epoch at η = 20. The converge sweep takes the largest η whose run
+    ends with a finite val/ppl (``LOCAL_SGD_STABLE_LR`` in this module).
+    """
+    return [(f"local-sgd-I8-lr{lr:g}", _converge(epochs, algorithm="local-sgd", period=8, lr=lr)) for lr in (10.0, 5.0, 2.5, 1.25)]
+
+
+def _dropout(value: float) -> dict:
+    return {**get_recipe("ptb-converge").model_options, "dropout": value}

@@ -1,0 +1,422 @@
+"""Reporting a sweep: tables (``summary.csv``, ``summary.md``) and figures from its committed
+run files (``config.json``, ``metrics.jsonl``, ``summary.json``), finished runs only.
+
+Layout it writes::
+
+    ROOT/NAME/summary.csv   one row per finished run, every column of every table
+    ROOT/NAME/summary.md    the tables, with a note on how each column is computed
+    ROOT/NAME/figure.png    loss and metric against epochs, rounds and modelled time (:mod:`localclip.plot`)
+    ROOT/NAME/curves.png    ``converge`` only: validation perplexity per epoch
+
+Nothing here trains or reads a checkpoint, so every number in a table can be recomputed from
+the files a sweep commits.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+from localclip.errors import LocalclipError
+from localclip.experiments.plans import SWEEPS, SweepError, plan
+from localclip.train.run_folder import atomic_write_text
+
+__all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
+
+# The link that turns measured compute time and counted bytes into modelled wall-clock time.
+BANDWIDTH = 1e9  # bit/s
+LATENCY = 50e-6  # s per round
+# converge: two links, and the message of the paper's AWD-LSTM (24M float32 parameters, 97 MB a round).
+LINKS = {"1 Gbit/s": 1e9, "10 Gbit/s": 10e9}
+AWD_MESSAGE_BYTES = 97e6
+
+def _records(folder: Path) -> list[dict]:
+    out = []
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _good(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _reaches(value, target, lower: bool) -> bool:
+    return _good(value) and (value <= target if lower else value >= target)
+
+
+def _first(records: list[dict], key: str, target: float, lower: bool) -> dict | None:
+    """The first record whose ``key`` is at or past ``target`` (records are in step order)."""
+    return next((r for r in records if _reaches(r.get(key), target, lower)), None)
+
+
+def _modelled(record: dict, train: list[dict]) -> float:
+    """Modelled seconds at ``record``; an evaluation record takes the compute time of the last
+    training record at or before its step (as the figure does)."""
+    from localclip.plot import modelled_seconds
+
+    if "time/compute" in record:
+        return modelled_seconds(record, bandwidth=BANDWIDTH, latency=LATENCY)
+    before = [t for t in train if t["step"] <= record["step"]]
+    compute = before[-1].get("time/compute", 0.0) if before else 0.0
+    return modelled_seconds(record, bandwidth=BANDWIDTH, latency=LATENCY, compute=compute)
+
+
+def _load_finished(folder: Path) -> dict:
+    summary = json.loads((folder / "summary.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    records = _records(folder)
+    train = [r for r in records if "train/loss" in r]
+    return {"summary": summary, "config": config, "train": train, "val": [r for r in records if any(k.startswith("val/") for k in r)]}
+
+
+def _row(run: str, data: dict) -> dict:
+    s, c = data["summary"], data["config"]
+    metric = "ppl" if "val/ppl" in s else "acc"
+    algorithm = c.get("algorithm")
+    return {
+        "run": run,
+        "algorithm": algorithm,
+        "N": c.get("workers"),
+        "I": c.get("period") if algorithm in ("celgc", "local-sgd") and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
+        "epochs": s.get("epochs"),
+        "steps": s.get("steps"),
+        f"val/{metric}": s.get(f"val/{metric}"),
+        f"test/{metric}": s.get(f"test/{metric}"),
+        "comm/rounds": s.get("comm/rounds"),
+        "comm/bytes": s.get("comm/bytes"),
+        "modelled s": _modelled(data["train"][-1], data["train"]) if data["train"] else None,
+    }
+
+
+def report(
+    name: str,
+    root: str | os.PathLike,
+    *,
+    loss_target: float | None = None,
+    ppl_target: float | None = None,
+    figure: bool = True,
+) -> dict:
+    """Summarise the finished runs of sweep ``name`` (only those with ``summary.json``) into
+    ``summary.csv``, ``summary.md`` and ``figure.png`` in ``root/name``; return the table.
+
+    ``speedup`` adds the steps per worker each run needs to first reach a training loss and a
+    validation perplexity (default targets: the worst final value among its finished runs, so
+    every run reaches them) and the ratio to N=1's; ``isweep`` adds the modelled time (measured
+    compute plus a 1 Gbit/s, 50 µs link) each run needs to first reach naive parallel's final
+    validation perplexity; ``converge`` reports at convergence (see :func:`_converge_tables`)
+    and draws ``curves.png``.
+    """
+    runs = plan(name)
+    folder = Path(root) / name
+    if not folder.is_dir():
+        raise SweepError(f"No sweep folder {folder}: run `localclip sweep {name} --root {root}` first")
+    names = [run for run, _ in runs]
+    extra = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name not in names and (p / "summary.json").exists())
+    finished = {}
+    for run in names + extra:
+        if (folder / run / "summary.json").exists():
+            try:
+                finished[run] = _load_finished(folder / run)
+            except (OSError, json.JSONDecodeError) as exc:
+                raise SweepError(f"{folder / run}: unreadable run files ({exc})") from exc
+    unfinished = [run for run in names if run not in finished]
+
+    rows = [_row(run, data) for run, data in finished.items()]
+    targets: dict = {}
+    notes: list[str] = []
+    tables: list[tuple[str, list[str]]] = []
+    if name == "speedup":
+        targets, note = _speedup_columns(rows, finished, loss_target, ppl_target)
+        notes.append(note)
+    elif name == "isweep":
+        targets, note = _isweep_columns(rows, finished)
+        notes.append(note)
+    elif name == "converge":
+        targets, tables, note = _converge_tables(rows, finished)
+        notes.append(note)
+
+    result = {
+        "sweep": name, "folder": str(folder), "rows": rows, "finished": list(finished), "unfinished": unfinished,
+        "targets": targets, "csv": str(folder / "summary.csv"), "markdown": str(folder / "summary.md"),
+        "figure": None, "figure_error": None, "curves": None,
+    }
+    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["run"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    atomic_write_text(folder / "summary.csv", buffer.getvalue())
+
+    figure_path = folder / "figure.png"
+    if figure and finished:
+        from localclip.plot import plot_runs
+
+        try:
+            plot_runs([str(folder / run) for run in finished], figure_path, bandwidth=BANDWIDTH, latency=LATENCY, title=f"sweep {name}")
+            result["figure"] = str(figure_path)
+            if name == "converge":
+                result["curves"] = str(_converge_curves(finished, folder / "curves.png"))
+        except LocalclipError as exc:  # the tables are still worth having
+            result["figure_error"] = str(exc)
+    atomic_write_text(folder / "summary.md", _markdown(name, rows, tables or [("", columns)], unfinished, notes, result))
+    return result
+
+
+def _speedup_columns(rows: list[dict], finished: dict, loss_target, ppl_target) -> tuple[dict, str]:
+    finals_loss = [d["train"][-1]["train/loss"] for d in finished.values() if d["train"] and _good(d["train"][-1].get("train/loss"))]
+    finals_ppl = [d["summary"].get("val/ppl") for d in finished.values() if _good(d["summary"].get("val/ppl"))]
+    if loss_target is None and finals_loss:
+        loss_target = max(finals_loss)
+    if ppl_target is None and finals_ppl:
+        ppl_target = max(finals_ppl)
+    loss_key = f"steps to train/loss<={loss_target:.4g}" if loss_target is not None else "steps to train/loss"
+    ppl_key = f"steps to val/ppl<={ppl_target:.4g}" if ppl_target is not None else "steps to val/ppl"
+    for row in rows:
+        data = finished[row["run"]]
+        hit = _first(data["train"], "train/loss", loss_target, True) if loss_target is not None else None
+        row[loss_key] = hit["step"] if hit else None
+        hit = _first(data["val"], "val/ppl", ppl_target, True) if ppl_target is not None else None
+        row[ppl_key] = hit["step"] if hit else None
+    base = min(rows, key=lambda r: r["N"] or 0) if rows else None
+    for row in rows:
+        for key, label in ((loss_key, "speedup (train)"), (ppl_key, "speedup (val)")):
+            row[label] = base[key] / row[key] if base and base.get(key) and row.get(key) else None
+    note = (
+        f"Steps are local steps per worker, to the first record at or below the target "
+        f"(train/loss {loss_target if loss_target is not None else 'n/a'}, val/ppl {ppl_target if ppl_target is not None else 'n/a'}; "
+        f"default: the worst final value among these runs); training loss is the mean over a logging interval. "
+        f"Speedup: steps of the N={base['N'] if base else '?'} run over this run's; empty: not reached."
+    )
+    return {"train/loss": loss_target, "val/ppl": ppl_target}, note
+
+
+def _isweep_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
+    """Time to naive parallel's final val/ppl on the modelled link, twice: with each run's own
+    measured compute, and with one compute time per step for all runs (the median over the
+    sweep). Every run does the same computation per local step (same model, same batch), so the
+    second keeps what the runs' algorithms differ in, steps and traffic, and drops the load the
+    machine happened to carry while each ran."""
+    naive = finished.get("naive")
+    target = naive["summary"].get("val/ppl") if naive else None
+    own, common, ratio = "modelled s to naive's val/ppl", "same as left, median compute/step", "naive's time / this (median compute/step)"
+    from localclip.plot import modelled_seconds
+
+    rates = [d["train"][-1]["time/compute"] / d["train"][-1]["step"] for d in finished.values() if d["train"] and d["train"][-1].get("step")]
+    per_step = statistics.median(rates) if rates else None
+    hits = {}
+    for row in rows:
+        if not _good(target):
+            row[own] = row[common] = "naive not finished" if naive is None else "naive diverged"
+            continue
+        data = finished[row["run"]]
+        hit = _first(data["val"], "val/ppl", target, True)
+        row[own] = round(_modelled(hit, data["train"]), 3) if hit else "not reached"
+        if hit and per_step is not None:
+            hits[row["run"]] = modelled_seconds(hit, bandwidth=BANDWIDTH, latency=LATENCY, compute=hit["step"] * per_step)
+        row[common] = round(hits[row["run"]], 3) if row["run"] in hits else "not reached"
+    for row in rows:
+        if "naive" in hits and row["run"] in hits:
+            row[ratio] = round(hits["naive"] / hits[row["run"]], 3)
+    note = (
+        f"Modelled time: compute plus, per round, {LATENCY * 1e6:g} µs and the bytes at {BANDWIDTH / 1e9:g} Gbit/s, "
+        f"at the first validation at or below naive parallel's final val/ppl ({target:.4g}); compute is each run's "
+        f"own measured mean per worker, or (the last two columns) {per_step * 1e3:.3g} ms per local step for every "
+        f"run, the median over these runs, which removes the machine's varying load from the comparison."
+        if _good(target) and per_step is not None else "Naive parallel has no finished finite val/ppl yet: no time-to-target."
+    )
+    return {"val/ppl": target}, note
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+# -- converge --------------------------------------------------------------------------------------
+
+
+def _vals(data: dict) -> list[dict]:
+    """Validation records in step order, the final one (a repeat of the last) left out."""
+    return [r for r in data["val"] if "val/ppl" in r and not r.get("final")]
+
+
+def _epoch_ends(data: dict) -> dict[int, float]:
+    """Validation perplexity at the end of each whole epoch (the record whose epoch is k.0)."""
+    ends = {}
+    for r in _vals(data):
+        epoch = r.get("epoch")
+        if isinstance(epoch, (int, float)) and round(epoch) >= 1 and abs(epoch - round(epoch)) < 1e-6:
+            ends[round(epoch)] = r["val/ppl"]
+    return ends
+
+
+def _baseline(run: str, data: dict, finished: dict) -> str | None:
+    """The naive parallel run this run is judged against: same length, seed, data split and momentum."""
+    key = ("epochs", "seed", "heterogeneous", "momentum")
+    matches = [other for other, d in finished.items()
+               if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)]
+    return matches[0] if matches else None
+
+
+def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]:
+    """Per run: final perplexities and their noise (spread over the last three validations),
+    rounds and rounds per epoch, bytes, the gain of the last two epochs; and the modelled time
+    to reach the final perplexity of its naive baseline (:func:`_baseline`) on a 1 and a
+    10 Gbit/s link, with this model's message and with AWD-LSTM's 97 MB one.
+
+    Every run computes the same per local step (same model, same batch), so the time uses one
+    compute time per step for all runs, the median over the sweep: that keeps what the
+    algorithms differ in (steps to the target, rounds, bytes) and drops the load the machine
+    happened to carry while each ran (the runs share a 2-core machine).
+    """
+    rates = [d["train"][-1]["time/compute"] / d["train"][-1]["step"] for d in finished.values() if d["train"] and d["train"][-1].get("step")]
+    per_step = statistics.median(rates) if rates else None
+    times = {}
+    for row in rows:
+        data = finished[row["run"]]
+        c = data["config"]
+        vals = [r["val/ppl"] for r in _vals(data)]
+        last = vals[-3:]
+        row["seed"] = c.get("seed")
+        row["dropout"] = (c.get("model_options") or {}).get("dropout")
+        row["spread last 3 val"] = (max(last) - min(last)) if len(last) == 3 and all(_good(v) for v in last) else None
+        epochs = row["epochs"] or 0
+        row["rounds/epoch"] = row["comm/rounds"] / epochs if row["comm/rounds"] is not None and epochs else None
+        row["MB sent"] = row["comm/bytes"] / 1e6 if row["comm/bytes"] is not None else None
+        ends = _epoch_ends(data)
+        if ends and max(ends) - 2 in ends and _good(ends[max(ends)]) and _good(ends[max(ends) - 2]):
+            e = max(ends)
+            row["gain last 2 epochs %"] = 100 * (ends[e - 2] - ends[e]) / ends[e - 2]
+        else:
+            row["gain last 2 epochs %"] = None
+        base = _baseline(row["run"], data, finished)
+        row["baseline"] = base
+        target = finished[base]["summary"].get("val/ppl") if base else None
+        row["target val/ppl"] = target
+        hit = _first(data["val"], "val/ppl", target, True) if _good(target) else None
+        row["steps to target"] = hit["step"] if hit else None
+        row["rounds to target"] = hit.get("comm/rounds") if hit else None
+        for link, bandwidth in LINKS.items():
+            for message, label in ((None, ""), (AWD_MESSAGE_BYTES, ", 97 MB")):
+                col = f"s to target {link}{label}"
+                if hit is None or per_step is None:
+                    row[col] = None
+                    continue
+                rounds = hit.get("comm/rounds", 0)
+                nbytes = hit.get("comm/bytes", 0) if message is None else rounds * message
+                row[col] = hit["step"] * per_step + rounds * LATENCY + nbytes * 8 / bandwidth
+                times[(row["run"], col)] = row[col]
+    for row in rows:
+        for link in LINKS:
+            col = f"s to target {link}, 97 MB"
+            base = times.get((row["baseline"], col))
+            own = times.get((row["run"], col))
+            row[f"naive/this {link}, 97 MB"] = base / own if base and own else None
+    main = ["run", "algorithm", "N", "I", "seed", "dropout", "epochs", "steps", "val/ppl", "test/ppl", "spread last 3 val",
+            "gain last 2 epochs %", "comm/rounds", "rounds/epoch", "MB sent"]
+    timing = ["run", "baseline", "target val/ppl", "steps to target", "rounds to target"]
+    timing += [f"s to target {link}{label}" for link in LINKS for label in ("", ", 97 MB")]
+    timing += [f"naive/this {link}, 97 MB" for link in LINKS]
+    note = (
+        "spread last 3 val: largest minus smallest of the last three validation perplexities (the evaluation noise); "
+        "gain last 2 epochs: how much val/ppl fell from the end of epoch E-2 to the end of the last epoch E, in % "
+        "(under 1 %: a plateau). Rounds count only collectives that carry something the workers do not already share. "
+        "Time to target: the first validation at or below the baseline's final val/ppl (baseline: the naive parallel run "
+        "with the same epochs, seed, data split and momentum); modelled seconds = steps × "
+        + (f"{per_step * 1e3:.3g} ms" if per_step else "?")
+        + f" (the median measured compute per local step over these runs) + rounds × {LATENCY * 1e6:g} µs + bytes over the link; "
+        "'97 MB': every round carries AWD-LSTM's 97 MB message instead of this model's. naive/this: the baseline's time over "
+        "this run's (above 1: this run is faster); empty where a run does not reach the target."
+    )
+    return {"per_step_compute": per_step}, [("Runs", main), ("Time to the naive baseline's final perplexity", timing)], note
+
+
+def _converge_curves(finished: dict, out: Path) -> Path:
+    """Validation perplexity per epoch: the main runs (the longest) left, the scenarios right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    longest = max((d["config"].get("epochs") or 0) for d in finished.values())
+    groups = [("main runs", [r for r, d in finished.items() if d["config"].get("epochs") == longest]),
+              ("scenarios (shorter runs)", [r for r, d in finished.items() if d["config"].get("epochs") != longest])]
+    groups = [(title, runs) for title, runs in groups if runs]
+    fig, axes = plt.subplots(1, len(groups), figsize=(7.5 * len(groups), 5.2), constrained_layout=True, squeeze=False)
+    for ax, (title, runs) in zip(axes[0], groups):
+        finite = []
+        for run in runs:
+            vals = _vals(finished[run])
+            x = [r["epoch"] for r in vals]
+            y = [r["val/ppl"] if _good(r["val/ppl"]) else math.nan for r in vals]
+            finite += [v for v in y if math.isfinite(v)]
+            diverged = not _good(finished[run]["summary"].get("val/ppl"))
+            ends = _epoch_ends(finished[run])
+            line, = ax.plot(x, y, label=run + (" (diverged)" if diverged else ""), linewidth=1.2)
+            ax.plot(list(ends), [v if _good(v) else math.nan for v in ends.values()], "o", markersize=3, color=line.get_color())
+        if finite:
+            # Fit the plateau, where the runs differ: early (and diverged) values leave the top.
+            low = min(finite)
+            ax.set_ylim(low * 0.97, min(max(finite), 2.0 * low) * 1.02)
+        ax.set_yscale("log")
+        ax.set_xlabel("epochs")
+        ax.set_ylabel("validation perplexity (log scale)")
+        ax.set_title(f"{title}; dots: end of an epoch")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize="small")
+    fig.suptitle("sweep converge: validation perplexity per epoch (values above 2x the lowest leave the top)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def _markdown(name: str, rows: list[dict], tables: list[tuple[str, list[str]]], unfinished: list[str], notes: list[str], result: dict) -> str:
+    lines = [f"# Sweep `{name}`", ""]
+    doc = (SWEEPS[name].__doc__ or "").strip().splitlines()
+    if doc:
+        lines += [doc[0], ""]
+    if not rows:
+        lines += ["No finished runs yet.", ""]
+    for title, columns in tables if rows else []:
+        if title:
+            lines += [f"## {title}", ""]
+        lines.append("| " + " | ".join(columns) + " |")
+        lines.append("|" + "|".join("---" for _ in columns) + "|")
+        for row in rows:
+            lines.append("| " + " | ".join(_cell(row.get(k)) for k in columns) + " |")
+        lines.append("")
+    lines += [f"{note}" for note in notes if note]
+    lines.append(f"Steps are local steps per worker; comm/bytes is what one worker all-reduced; modelled s: "
+                 f"compute plus a {BANDWIDTH / 1e9:g} Gbit/s, {LATENCY * 1e6:g} µs link.")
+    if unfinished:
+        lines.append(f"Not finished (left out): {', '.join(unfinished)}.")
+    if result["figure"]:
+        lines += ["", "![runs](figure.png)"]
+        if result.get("curves"):
+            lines += ["", "![validation perplexity per epoch](curves.png)"]
+    elif result["figure_error"]:
+        lines.append(f"No figure: {result['figure_error']}")
+    return "\n".join(lines) + "\n"
