@@ -257,6 +257,32 @@ def test_momentum_buffers_can_be_averaged_or_reset(mode):
             assert torch.equal(x, y)
 
 
+def _lstm_naive_rounds(steps=3):
+    torch.manual_seed(0)
+    model = torch.nn.LSTM(4, 5)
+    opt = localclip.NaiveParallelClipping(model, lr=0.1, gamma=1.0)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(2, 1, 4))[0].sum().backward()
+        opt.step()
+    opt.average()
+    return opt.rounds, opt.averager.has_buffers
+
+
+def test_only_rounds_that_communicate_something_new_are_counted():
+    """An average right after a round, or naive's average of parameters the workers already
+    share, sends nothing new: it counts no round. BatchNorm buffers (which each worker updates
+    on its own batches) still need naive's end-of-epoch round."""
+    on_boundary = SimulatedWorld(2).run(train_celgc, steps=6, period=3)
+    assert on_boundary[0]["rounds"] == 2
+    off_boundary = SimulatedWorld(2).run(train_celgc, steps=7, period=3)
+    assert off_boundary[0]["rounds"] == 3
+    naive_bn = SimulatedWorld(2).run(train_celgc, steps=4, algorithm="naive")
+    assert naive_bn[0]["rounds"] == 4 + 1  # a gradient all-reduce per step, plus the buffers' round
+    assert torch.equal(naive_bn[0]["state"]["2.running_mean"], naive_bn[1]["state"]["2.running_mean"])
+    assert SimulatedWorld(2).run(_lstm_naive_rounds) == [(3, False), (3, False)]
+
+
 def test_celgc_counts_rounds_and_global_mode_adds_a_gradient_reduction():
     local = SimulatedWorld(2).run(train_celgc, steps=7, period=3)
     assert local[0]["rounds"] == 2 + 1  # after steps 3 and 6, plus the final average()

@@ -66,8 +66,9 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         raise NotImplementedError(f"{type(self).__name__} averages a fixed module; build it with all parameters")
 
     def average(self) -> None:
-        """Average the models now (end of an epoch, before evaluation)."""
-        self.averager.average()
+        """Average the models now (end of an epoch, before evaluation); no round when the
+        workers already share them (no step since the last round)."""
+        self.averager.average(if_changed=True)
 
     # -- statistics ----------------------------------------------------------------------------
 
@@ -241,3 +242,10 @@ class NaiveParallelClipping(DistributedAlgorithm):
                 offset += n
         self.optimizer.step()
         return loss
+
+    def average(self) -> None:
+        """Make the floating-point buffers agree (BatchNorm statistics, which each worker
+        updates on its own batches). The parameters already do after every step, so a model
+        without such buffers has nothing to average and counts no round."""
+        if self.averager.has_buffers:
+            self.averager.average()

@@ -134,6 +134,7 @@ class PeriodicAverager:
         self.participation_seed = participation_seed
         self.skip_nonfinite = skip_nonfinite
         self.step_count = 0
+        self._shared_at = 0  # step_count when the workers last held the same values (0: the broadcast)
         self.rounds = 0
         self.bytes_communicated = 0
         self.nonfinite_rounds = 0
@@ -211,9 +212,18 @@ class PeriodicAverager:
         except CommunicationError as exc:
             raise CommunicationError(f"{what} (round {self.rounds + 1}, timeout {self.comm.timeout:g}s): {exc}") from exc
 
+    @property
+    def has_buffers(self) -> bool:
+        """Whether floating-point buffers (BatchNorm statistics) are averaged with the parameters."""
+        return any(isinstance(owner, tuple) for b in self._buckets for owner in b.owners)
+
     @torch.no_grad()
-    def average(self) -> None:
+    def average(self, *, if_changed: bool = False) -> None:
         """Average now, whatever the schedule (end of training, before evaluation).
+
+        With ``if_changed``, nothing happens (no round is counted) when no step has been taken
+        since the last round: the workers already hold the same values, as at the end of an
+        epoch that ends on a period boundary.
 
         Each worker first checks its values for NaN/Inf (before anything leaves it, so that a
         left-out worker's values never reach the others), then one chunked all-reduce sums values
@@ -225,6 +235,8 @@ class PeriodicAverager:
         self._check_views()
         if self.comm.world_size == 1:
             return  # nothing to talk about: no round, no bytes
+        if if_changed and self.step_count == self._shared_at:
+            return
         expected = self.comm.world_size
         taking_part = True
         if self.participants is not None and self.participants < self.comm.world_size:
@@ -251,6 +263,7 @@ class PeriodicAverager:
                 b.values.div_(share)
         self.rounds += 1
         self.bytes_communicated += sum(b.nbytes for b in self._buckets)
+        self._shared_at = self.step_count
         self._sync_optimizer_state()
 
     def _all_finite(self) -> bool:
@@ -298,6 +311,7 @@ class PeriodicAverager:
             "rounds": self.rounds,
             "bytes_communicated": self.bytes_communicated,
             "nonfinite_rounds": self.nonfinite_rounds,
+            "shared_at": self._shared_at,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -308,6 +322,7 @@ class PeriodicAverager:
         self.rounds = state["rounds"]
         self.bytes_communicated = state["bytes_communicated"]
         self.nonfinite_rounds = state.get("nonfinite_rounds", 0)
+        self._shared_at = state.get("shared_at", -1)  # older checkpoints: unknown, so the next average() communicates
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,169 @@
+"""Sweeps with --jobs: several runs at once in child processes, the same numbers whatever J."""
+
+import json
+
+import pytest
+
+from localclip import experiments
+from localclip.cli import main
+from localclip.experiments import runner
+from localclip.recipes import converge_schedule, get_recipe
+
+from test_sweeps import SHARED, SMALL, needs_ptb
+
+TIMES = ("time/compute", "time/comm", "time/seconds")
+
+
+def numbers(folder):
+    """A run's metrics and summary without the wall-clock fields (which differ run to run)."""
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((folder / "summary.json").read_text())
+    strip = lambda r: {k: v for k, v in r.items() if k not in TIMES}  # noqa: E731
+    return [strip(r) for r in records], strip(summary)
+
+
+@needs_ptb
+def test_jobs_1_and_2_give_identical_metrics(tmp_path):
+    runs = ["celgc-I4", "naive"]
+    # Dropout on, so that the workers' random streams matter too.
+    overrides = SMALL + ["model_options.dropout=0.3"]
+    kwargs = dict(data_root=str(SHARED), only=runs, max_steps=6, overrides=overrides)
+    lines = []
+    one = experiments.run_sweep("isweep", tmp_path / "j1", jobs=1, echo=lambda _: None, **kwargs)
+    two = experiments.run_sweep("isweep", tmp_path / "j2", jobs=2, echo=lines.append, **kwargs)
+    assert one == two == {run: "started" for run in runs}
+    for run in runs:
+        a, b = numbers(tmp_path / "j1" / "isweep" / run), numbers(tmp_path / "j2" / "isweep" / run)
+        assert a == b, run
+        assert a[1]["steps"] == 6 and any("train/loss" in r for r in a[0])
+    status = json.loads((tmp_path / "j2" / "isweep" / "sweep.json").read_text())
+    assert status["jobs"] == 2 and status["failed"] == []
+    assert sum("starting" in line for line in lines) == 2 and sum("done" in line for line in lines) == 2
+    # Run again with J=2: everything is finished, nothing is touched.
+    assert experiments.run_sweep("isweep", tmp_path / "j2", jobs=2, echo=lambda _: None, **kwargs) == {run: "skipped" for run in runs}
+
+
+@needs_ptb
+def test_a_failing_child_run_is_reported_and_the_others_finish(tmp_path):
+    # A corpus folder that does not exist: every config is valid, and each run fails in its child.
+    kwargs = dict(data_root=str(tmp_path / "no-corpora"), only=["celgc-I4", "naive"], max_steps=2, overrides=SMALL)
+    with pytest.raises(experiments.SweepFailed) as info:
+        experiments.run_sweep("isweep", tmp_path, jobs=2, echo=lambda _: None, **kwargs)
+    assert set(info.value.failures) == {"celgc-I4", "naive"}
+    assert all("no-corpora" in error for error in info.value.failures.values()), info.value.failures
+    status = json.loads((tmp_path / "isweep" / "sweep.json").read_text())
+    assert status["failed"] == ["celgc-I4", "naive"]
+
+
+def test_jobs_must_be_a_positive_integer(tmp_path, capsys):
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(experiments.SweepError, match=r"Invalid --jobs: .*expected an integer >= 1"):
+            experiments.run_sweep("isweep", tmp_path, jobs=bad)
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit) as info:
+            main(["sweep", "isweep", "--jobs", bad, "--root", str(tmp_path)])
+        assert info.value.code == 2
+        assert "--jobs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_core_slots_split_the_cores_and_the_default_is_one_run_per_core():
+    assert runner.core_slots(2, [0, 1]) == [[0], [1]]
+    assert runner.core_slots(2, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3, 4]]
+    assert runner.core_slots(1, [0, 1, 2]) == [[0, 1, 2]]
+    assert runner.core_slots(3, [0, 1]) == [[0], [1], [0]]
+    assert runner.default_jobs(14, cores=2) == 2 and runner.default_jobs(1, cores=16) == 1 and runner.default_jobs(0, cores=4) == 1
+
+
+def test_converge_sweeps_plan_what_the_issue_asks():
+    base = get_recipe("ptb-converge")
+    assert base.workers == 8 and base.threads == 1 and base.epochs == 12 and base.model_options["hidden_size"] == 200
+    assert base.lr_decay_epochs == list(range(4, 12)) and base.lr_decay == pytest.approx(0.5)  # Zaremba et al.'s halving
+    runs = dict(experiments.plan("converge"))
+    main_runs = {"naive", "celgc-I8", "celgc-I32", "celgc-I256", "local-sgd-I8-lr20", "naive-s2", "celgc-I32-s2"}
+    assert main_runs <= set(runs)
+    for name in main_runs:
+        assert runs[name].epochs == 12 and runs[name].lr_decay_epochs == base.lr_decay_epochs
+    assert {name: runs[name].period for name in ("celgc-I8", "celgc-I32", "celgc-I256")} == {"celgc-I8": 8, "celgc-I32": 32, "celgc-I256": 256}
+    assert runs["local-sgd-I8-lr20"].resolved().gamma == float("inf") and runs["local-sgd-I8-lr20"].lr == base.lr
+    stable = [c for n, c in runs.items() if n.startswith("local-sgd") and n != "local-sgd-I8-lr20"]
+    assert len(stable) == 1 and stable[0].lr < base.lr and stable[0].resolved().gamma == float("inf")
+    assert runs["naive-s2"].seed == runs["celgc-I32-s2"].seed != base.seed
+    scenarios = {"naive-short", "naive-hetero", "celgc-I32-hetero", "celgc-I16-K4", "naive-mom0.9", "celgc-I4-mom0.9"}
+    assert scenarios <= set(runs) and all(runs[n].epochs >= 6 for n in scenarios)
+    assert runs["celgc-I16-K4"].participants == 4 and runs["celgc-I16-K4"].period == 16
+    assert runs["celgc-I32-hetero"].heterogeneous and runs["naive-hetero"].heterogeneous
+    mom = (runs["naive-mom0.9"].lr, runs["naive-mom0.9"].gamma)
+    assert mom == (runs["celgc-I4-mom0.9"].lr, runs["celgc-I4-mom0.9"].gamma) and runs["celgc-I4-mom0.9"].momentum == 0.9
+    for cfg in runs.values():
+        assert cfg.threads == 1 and cfg.workers == 8 and cfg.model_options == base.model_options
+    tune = dict(experiments.plan("converge-tune"))
+    assert {c.algorithm for c in tune.values()} == {"naive"} and len(tune) == 5
+    assert sorted({c.model_options["dropout"] for c in tune.values()}) == [0.0, 0.2, 0.4]
+    for epochs, start in ((12, 1 / 3), (6, 1 / 3), (6, 1 / 2), (3.5, 1 / 6)):
+        decay_epochs, decay = converge_schedule(epochs, start)
+        assert decay ** len(decay_epochs) == pytest.approx(1 / 256) and decay_epochs[0] >= 1 and decay_epochs[-1] < epochs
+    assert converge_schedule(0.05, 1 / 3) == ([], 1.0)  # a smoke run too short to decay
+
+
+@needs_ptb
+def test_converge_sweep_smoke_and_report(tmp_path):
+    """Two converge runs for a few steps, then the converge report from their files."""
+    kwargs = dict(data_root=str(SHARED), only=["naive", "celgc-I8"], max_steps=8, epochs=0.02,
+                  overrides=["eval_tokens=2000", "log_interval=4", "eval_interval=0", "checkpoint_interval=8"])
+    assert experiments.run_sweep("converge", tmp_path, jobs=2, echo=lambda _: None, **kwargs) == {"naive": "started", "celgc-I8": "started"}
+    result = experiments.report("converge", tmp_path)
+    rows = {r["run"]: r for r in result["rows"]}
+    assert set(rows) == {"naive", "celgc-I8"} and rows["celgc-I8"]["baseline"] == "naive"
+    assert rows["naive"]["comm/rounds"] == 8  # one gradient all-reduce a step; the end-of-run average is a no-op
+    assert rows["celgc-I8"]["comm/rounds"] == 1
+    markdown = (tmp_path / "converge" / "summary.md").read_text()
+    assert "## Time to the naive baseline's final perplexity" in markdown and "spread last 3 val" in markdown
+    assert (tmp_path / "converge" / "curves.png").stat().st_size > 10_000
+
+
+def _fake_converge_run(folder, algorithm, period, vals, *, epochs=3, steps_per_epoch=40, bytes_per_round=1000, seed=1, compute_per_step=0.01):
+    """A finished converge run: 4 validations per epoch with the perplexities ``vals``."""
+    folder.mkdir(parents=True)
+    config = {"algorithm": algorithm, "workers": 8, "period": period, "task": "lm", "epochs": epochs, "seed": seed,
+              "heterogeneous": False, "momentum": 0.0, "model_options": {"dropout": 0.2}}
+    (folder / "config.json").write_text(json.dumps(config))
+    every = 1 if algorithm == "naive" else period
+    lines = []
+    for i, ppl in enumerate(vals, 1):
+        step = i * steps_per_epoch // 4
+        rounds = step // every
+        lines.append({"step": step, "epoch": i / 4, "train/loss": 5.0, "time/compute": step * compute_per_step, "comm/rounds": rounds, "comm/bytes": rounds * bytes_per_round})
+        lines.append({"step": step, "epoch": i / 4, "val/ppl": ppl, "comm/rounds": rounds, "comm/bytes": rounds * bytes_per_round})
+    lines.append({**lines[-1], "final": True, "test/ppl": vals[-1]})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rounds = epochs * steps_per_epoch // every
+    summary = {"steps": epochs * steps_per_epoch, "epochs": float(epochs), "val/ppl": vals[-1], "test/ppl": vals[-1],
+               "comm/rounds": rounds, "comm/bytes": rounds * bytes_per_round}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_converge_report_numbers(tmp_path):
+    from localclip.experiments.report import AWD_MESSAGE_BYTES, LATENCY
+
+    folder = tmp_path / "converge"
+    naive = [300, 250, 220, 200, 180, 170, 160, 150, 140, 135, 131, 130]
+    celgc = [320, 260, 230, 210, 190, 175, 165, 150, 129, 128, 127, 126.0]
+    _fake_converge_run(folder / "naive", "naive", 1, naive)
+    _fake_converge_run(folder / "celgc-I8", "celgc", 8, celgc, compute_per_step=0.03)
+    result = experiments.report("converge", tmp_path)
+    rows = {r["run"]: r for r in result["rows"]}
+    n, c = rows["naive"], rows["celgc-I8"]
+    assert n["spread last 3 val"] == 5 and c["spread last 3 val"] == 2
+    assert n["gain last 2 epochs %"] == pytest.approx(100 * (200 - 130) / 200)  # end of epoch 1 to end of epoch 3
+    assert n["rounds/epoch"] == 40 and c["rounds/epoch"] == 5 and c["MB sent"] == pytest.approx(15 * 1000 / 1e6)
+    assert n["baseline"] == c["baseline"] == "naive" and n["target val/ppl"] == 130
+    # naive reaches 130 at its last validation (step 120); celgc-I8 at its 9th (step 90, 11 rounds).
+    assert n["steps to target"] == 120 and c["steps to target"] == 90 and c["rounds to target"] == 11
+    per_step = 0.02  # median of 0.01 and 0.03
+    assert result["targets"]["per_step_compute"] == pytest.approx(per_step)
+    expect_n = 120 * per_step + 120 * LATENCY + 120 * AWD_MESSAGE_BYTES * 8 / 1e9
+    expect_c = 90 * per_step + 11 * LATENCY + 11 * AWD_MESSAGE_BYTES * 8 / 1e9
+    assert n["s to target 1 Gbit/s, 97 MB"] == pytest.approx(expect_n) and c["s to target 1 Gbit/s, 97 MB"] == pytest.approx(expect_c)
+    assert c["s to target 10 Gbit/s"] == pytest.approx(90 * per_step + 11 * LATENCY + 11 * 1000 * 8 / 10e9)
+    assert c["naive/this 1 Gbit/s, 97 MB"] == pytest.approx(expect_n / expect_c) and n["naive/this 1 Gbit/s, 97 MB"] == pytest.approx(1)
