@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from pathlib import Path
 
 from localclip.errors import LocalclipError
 
@@ -100,6 +101,14 @@ def _parser() -> argparse.ArgumentParser:
     report_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
     report_cmd.add_argument("--loss-target", type=_positive_float("--loss-target"), help="speedup: training-loss target (default: the worst final one)")
     report_cmd.add_argument("--ppl-target", type=_positive_float("--ppl-target"), help="speedup: validation-perplexity target (default: the worst final one)")
+    theory = sub.add_parser("theory", help="the theory check: CELGC on a synthetic (L0, L1)-smooth problem (about a minute)")
+    theory.add_argument("--out", default="results/theory", help="output folder (default results/theory)")
+    theory.add_argument("--seeds", type=_positive_int("--seeds"), default=3, help="seeds per setting; the median is reported (default 3)")
+    smooth = sub.add_parser("smoothness", help="estimate local smoothness against gradient norm from a run's checkpoints")
+    smooth.add_argument("run", help="a run folder with checkpoints")
+    smooth.add_argument("--steps", type=_positive_int("--steps"), default=20, help="training steps probed from each starting point (default 20)")
+    smooth.add_argument("--data-root", help="the corpora's folder (default: the run's)")
+    smooth.add_argument("--out", help="output folder (default: the run folder)")
     # -- end of sweep and report --
     return parser
 
@@ -222,13 +231,34 @@ def _report(args) -> int:
     return 0
 
 
+def _theory(args) -> int:
+    from localclip.experiments.synthetic import theory_check
+
+    result = theory_check(args.out, seeds=tuple(range(args.seeds)))
+    print((Path(args.out) / "summary.md").read_text(), end="")
+    print(f"wrote {args.out}/results.json, summary.md, figure.png")
+    return 0 if result["speedup"] else 1
+
+
+def _smoothness(args) -> int:
+    from localclip.experiments.smoothness import probe_run
+
+    result = probe_run(args.run, steps=args.steps, data_root=args.data_root, out=args.out)
+    fit = result["fit"]
+    print(f"{len(result['points'])} points from {len(result['sources'])} starting points; "
+          f"fit L(x) ≈ {fit['L0']:.4g} + {fit['L1']:.4g}·‖∇f(x)‖ (R² {fit['r2']:.3f})")
+    print(f"wrote {result['json']}" + (f", {result['figure']}" if result.get("figure") else ""))
+    return 0
+
+
 # -- end of sweep and report --
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot, "sweep": _sweep, "report": _report}
+    commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot, "sweep": _sweep, "report": _report,
+                "theory": _theory, "smoothness": _smoothness}
     try:
         return commands[args.command](args)
     except LocalclipError as exc:

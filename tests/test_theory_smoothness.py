@@ -1,0 +1,90 @@
+"""The theory check on the synthetic (L0, L1)-smooth problem, and the smoothness probe."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from localclip.cli import main
+from localclip.errors import ConfigError, RunFolderError
+from localclip.experiments import smoothness, synthetic
+
+from test_sweeps import SHARED, needs_ptb
+
+
+def test_celgc_speeds_up_linearly_on_the_synthetic_problem():
+    """The paper's linear speed-up, on a tiny instance: η and γ scaled by N (γ/η fixed), the
+    steps to ‖∇f‖ <= target fall as 1/N; at least 0.7·N up to N = 8."""
+    problem = synthetic.CoshProblem()
+    rows = synthetic.speedup(problem, workers=(1, 2, 4, 8), period=4, lr=0.008, gamma=0.128, target=0.3, seeds=(0,), max_steps=5000)
+    assert all(r["steps"] is not None for r in rows), rows
+    for row in rows:
+        assert row["speed-up"] >= 0.7 * row["N"], rows
+    assert 0 < rows[0]["clip fraction"] < 0.5  # clipping acts far from the minimum, not everywhere
+    assert rows[0]["rounds"] == 0 and rows[-1]["rounds"] == rows[-1]["steps"] // 4
+
+
+def test_rounds_fall_with_the_period_at_about_the_same_steps():
+    problem = synthetic.CoshProblem()
+    rows = synthetic.period_sweep(problem, workers=4, periods=(1, 8), lr=0.008, gamma=0.128, target=0.3, seeds=(0,), max_steps=5000)
+    one, eight = rows
+    assert eight["steps"] <= 1.3 * one["steps"] and eight["rounds"] <= one["rounds"] / 6
+
+
+def test_the_synthetic_problem_is_l0_l1_smooth_and_checks_its_inputs():
+    problem = synthetic.CoshProblem(dim=3, a=2.0)
+    x = torch.tensor([0.0, 1.0, -2.5], dtype=torch.float64)
+    hessian = problem.a**2 * torch.cosh(problem.a * x)
+    assert torch.all(hessian <= problem.L0 + problem.L1 * problem.grad(x).abs() + 1e-12)
+    with pytest.raises(ConfigError, match="Invalid a"):
+        synthetic.CoshProblem(a=0.0)
+    with pytest.raises(ConfigError, match="Invalid workers"):
+        synthetic.run_celgc(problem, workers=0, period=1, lr=0.1, gamma=1.0, target=0.1)
+
+
+def _exp_l0_l1(x, l0, l1):
+    """h(x) = (L0/L1²)(e^{L1|x|} − 1 − L1|x|): h'' = L0·e^{L1|x|} = L0 + L1·|h'| exactly."""
+    return l0 / l1**2 * (torch.exp(l1 * x.abs()) - 1 - l1 * x.abs())
+
+
+def test_local_smoothness_recovers_a_known_l0_and_l1():
+    l0, l1 = 2.0, 1.5
+    grads, estimates = [], []
+    for value in torch.linspace(-4, 4, 33, dtype=torch.float64):
+        x = value.clone().reshape(1).requires_grad_(True)
+        fn = lambda x=x: _exp_l0_l1(x, l0, l1).sum()  # noqa: E731
+        (g,) = torch.autograd.grad(fn(), [x])
+        norm, estimate = smoothness.local_smoothness(fn, [x], [-1e-6 * g if g.abs() > 0 else torch.full_like(x, 1e-6)])
+        assert estimate == pytest.approx(l0 + l1 * norm, rel=2e-3)
+        assert float(x) == float(value)  # restored
+        grads.append(norm)
+        estimates.append(estimate)
+    fit = smoothness.fit_l0_l1(grads, estimates)
+    assert fit["L0"] == pytest.approx(l0, rel=0.01) and fit["L1"] == pytest.approx(l1, rel=0.01) and fit["r2"] > 0.999
+    assert smoothness.fit_l0_l1([1.0, 2.0, 3.0], [5.0, 4.0, 3.0])["L1"] == 0.0  # falls with the gradient: a constant
+    with pytest.raises(ValueError, match="at least 2"):
+        smoothness.fit_l0_l1([1.0], [1.0])
+
+
+def test_smoothness_probe_refuses_what_it_cannot_probe(tmp_path):
+    with pytest.raises(RunFolderError, match="not a run folder"):
+        smoothness.probe_run(tmp_path)
+    assert main(["smoothness", str(tmp_path)]) == 2
+
+
+@needs_ptb
+def test_smoothness_probe_on_a_short_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", "--workers", "2", "--max-steps", "4", "--out", str(out), "--data-root", str(SHARED),
+                 "--no-progress", "--set", "eval_tokens=2000", "--set", "checkpoint_interval=2", "--set", "threads=1"])
+    assert code == 0
+    capsys.readouterr()
+    assert main(["smoothness", str(out), "--steps", "2", "--data-root", str(SHARED)]) == 0
+    assert "fit L(x)" in capsys.readouterr().out
+    result = json.loads((out / "smoothness.json").read_text())
+    assert result["sources"][0] == "start" and len(result["sources"]) >= 2
+    assert len(result["points"]) == 2 * len(result["sources"])
+    assert all(p["grad_norm"] > 0 and p["smoothness"] > 0 and math.isfinite(p["smoothness"]) for p in result["points"])
+    assert result["fit"]["L0"] >= 0 and result["fit"]["L1"] >= 0
+    assert (out / "smoothness.png").stat().st_size > 10_000
