@@ -106,6 +106,7 @@ def test_converge_sweeps_plan_what_the_issue_asks():
     assert converge_schedule(0.05, 1 / 3) == ([], 1.0)  # a smoke run too short to decay
 
 
+@pytest.mark.slow  # eight ptb-converge workers per run: about 40 s on a loaded 2-core machine
 @needs_ptb
 def test_converge_sweep_smoke_and_report(tmp_path):
     """Two converge runs for a few steps, then the converge report from their files."""

@@ -70,6 +70,11 @@ def _with_compute(evals: list[dict], train: list[dict]) -> list[dict]:
     return out
 
 
+def _finite(value: float) -> float:
+    """Infinite values (a diverged run's perplexity) as gaps: matplotlib cannot place them."""
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
+
+
 def plot_runs(folders: list[str], out: str | Path, *, bandwidth: float = 1e9, latency: float = 50e-6, title: str | None = None) -> Path:
     if not bandwidth > 0 or not latency >= 0:
         raise PlotError(f"Invalid link model: bandwidth {bandwidth} bit/s, latency {latency} s")
@@ -92,39 +97,64 @@ def plot_runs(folders: list[str], out: str | Path, *, bandwidth: float = 1e9, la
         raise DataError("localclip plot needs matplotlib: pip install 'localclip[plot]'") from None
 
     fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), constrained_layout=True)
-    xs = [("epoch", "epochs"), ("comm/rounds", "communication rounds"), ("modelled", f"modelled wall-clock [s] ({bandwidth / 1e9:g} Gbit/s, {latency * 1e6:g} µs)")]
+    xs = [("epoch", "epochs (passes over the training set)"), ("comm/rounds", "communication rounds (log scale)"),
+          ("modelled", f"modelled wall-clock [s] ({bandwidth / 1e9:g} Gbit/s, {latency * 1e6:g} µs a round)")]
+    task = next(iter(tasks))
+    ylabels = {"train/loss": f"training loss [nats per {'token' if task == 'lm' else 'image'}]",
+               "val/ppl": "validation perplexity (log scale)", "val/acc": "validation accuracy [fraction]"}
+    # A run that never communicates (one worker) has no place on a rounds axis.
+    silent = [run["label"] for run in runs if not any(r.get("comm/rounds", 0) >= 1 for r in run["train"] + run["eval"])]
     for run in runs:
         link = dict(bandwidth=bandwidth, latency=latency)
         for row, (records, key) in enumerate(((run["train"], "train/loss"), (_with_compute(run["eval"], run["train"]), val_key))):
             if not records:
                 continue
             for col, (xkey, _) in enumerate(xs):
+                if xkey == "comm/rounds":
+                    if run["label"] in silent:
+                        axes[row][col].plot([], [], label=run["label"])  # keeps the colours of the other panels
+                        continue
+                    records = [r for r in records if r.get("comm/rounds", 0) >= 1]
                 x = [modelled_seconds(r, **link) if xkey == "modelled" else r.get(xkey, 0) for r in records]
-                y = [r.get(key, math.nan) for r in records]
+                y = [_finite(r.get(key, math.nan)) for r in records]
                 axes[row][col].plot(x, y, marker="." if len(x) < 30 else None, label=run["label"])
         axes[0][3].plot([r["epoch"] for r in run["train"]], [r.get("clip/fraction", math.nan) for r in run["train"]], label=run["label"])
-    # A diverged run (local SGD without clipping) would squash every other curve: let it leave
-    # the top of the loss panels instead.
-    losses = sorted(v for run in runs for r in run["train"] if math.isfinite(v := r.get("train/loss", math.nan)))
-    loss_top = min(losses[-1], 2 * losses[len(losses) // 2]) * 1.05 if losses else None
+    # A diverged run (local SGD without clipping) would squash every other curve: the limits
+    # fit the other runs, and a diverged one leaves the top of the panels (the legend says so).
+    finals = [run["train"][-1].get("train/loss", math.nan) for run in runs]
+    typical = sorted(v for v in finals if math.isfinite(v))
+    middle = typical[len(typical) // 2] if typical else math.nan
+    diverged = {run["label"] for run, v in zip(runs, finals) if not math.isfinite(v) or v > 1.5 * middle
+                or (run["eval"] and val_key == "val/ppl" and not math.isfinite(run["eval"][-1].get(val_key, math.nan)))}
+    kept = [run for run in runs if run["label"] not in diverged] or runs
+    limits = {}
+    for key, records in (("train/loss", [r for run in kept for r in run["train"]]), (val_key, [r for run in kept for r in run["eval"]])):
+        values = [v for r in records if math.isfinite(v := r.get(key, math.nan))]
+        if values and key != "val/acc":
+            low, high = min(values), max(values)
+            limits[key] = (low / 1.05, high * 1.05) if key == "val/ppl" else (low - 0.03 * (high - low), high + 0.03 * (high - low))
     for row, key in enumerate(("train/loss", val_key)):
         for col, (xkey, xlabel) in enumerate(xs):
             ax = axes[row][col]
-            if key == "train/loss" and loss_top is not None:
-                ax.set_ylim(losses[0] * 0.95, loss_top)
+            if key in limits:
+                ax.set_ylim(*limits[key])
             ax.set_xlabel(xlabel)
-            ax.set_ylabel(key)
+            ax.set_ylabel(ylabels[key])
             if xkey == "comm/rounds":
-                ax.set_xscale("symlog")
+                ax.set_xscale("log")
+                ax.set_xlim(left=1)
             if key == "val/ppl":
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
-    axes[0][3].set_xlabel("epochs")
-    axes[0][3].set_ylabel("fraction of clipped steps")
+    axes[0][3].set_xlabel("epochs (passes over the training set)")
+    axes[0][3].set_ylabel("fraction of steps clipped [0-1]")
+    axes[0][3].set_ylim(-0.02, 1.02)
     axes[0][3].grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
+    labels = [f"{label} (diverged: above the top)" if label in diverged else label for label in labels]
     axes[1][3].axis("off")
-    axes[1][3].legend(handles, labels, loc="center", fontsize="medium")
+    title_note = f"not on the rounds panels (no communication): {', '.join(silent)}" if silent else None
+    axes[1][3].legend(handles, labels, loc="center", fontsize="medium", title=title_note, title_fontsize="small")
     if title:
         fig.suptitle(title)
     out = Path(out)

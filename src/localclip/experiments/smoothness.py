@@ -209,6 +209,7 @@ def probe_run(
 
 def _figure(points: list[dict], fit: dict, out: Path, title: str) -> Path:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -222,6 +223,7 @@ def _figure(points: list[dict], fit: dict, out: Path, title: str) -> Path:
     ax.plot(xs, [fit["L0"] + fit["L1"] * x for x in xs], "k--", label=f"fit {fit['L0']:.3g} + {fit['L1']:.3g}·‖∇f‖ (R² {fit['r2']:.2f})")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # the minor labels overlap
     ax.set_xlabel("gradient norm ‖∇f(x)‖ (training loss, nats/token)")
     ax.set_ylabel("local smoothness ‖∇f(x+d) − ∇f(x)‖ / ‖d‖")
     ax.set_title(f"smoothness against gradient norm: {title}")
