@@ -122,7 +122,7 @@ def test_a_run_that_died_after_a_checkpoint_is_resumed_not_restarted(tmp_path, m
         raise RuntimeError(f"died after the checkpoint of step {step}")
 
     monkeypatch.setattr(RunFolder, "commit_checkpoint", commit_then_die)
-    with pytest.raises(sweeps.SweepFailed, match="celgc-I8: RuntimeError: died after the checkpoint of step 4"):
+    with pytest.raises(sweeps.SweepFailed, match=r"celgc-I8: RuntimeError: (rank 0: )?died after the checkpoint of step 4"):
         small_sweep(tmp_path, only=["celgc-I8"], max_steps=16)
     monkeypatch.undo()
     assert not (run / "summary.json").exists() and json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 4

@@ -132,6 +132,8 @@ def plot_runs(folders: list[str], out: str | Path, *, bandwidth: float = 1e9, la
         values = [v for r in records if math.isfinite(v := r.get(key, math.nan))]
         if values and key != "val/acc":
             low, high = min(values), max(values)
+            if high == low:  # one value: give the line some room
+                low, high = low * 0.95, high * 1.05
             limits[key] = (low / 1.05, high * 1.05) if key == "val/ppl" else (low - 0.03 * (high - low), high + 0.03 * (high - low))
     for row, key in enumerate(("train/loss", val_key)):
         for col, (xkey, xlabel) in enumerate(xs):

@@ -128,9 +128,9 @@ def _median_steps(problem, seeds, **kwargs) -> tuple[float | None, list]:
     return (statistics.median(steps) if all(s is not None for s in steps) else None), results
 
 
-# Defaults: γ/η = 16 ≈ 5σ√d, the analysis's clip norm (ALGORITHM.md §1); η = 0.004·N stays
-# below 1/(L1·γ/η) ≈ 0.06 up to N = 16, so the step never outgrows the curvature; the target
-# 0.3 is about twice the noise floor of the gradient norm at these η.
+# Defaults: γ/η = 16 ≈ 5σ√d, the analysis's clip norm (ALGORITHM.md §1); with η = 0.004·N the
+# longest step γ = 16η reaches the curvature scale 1/L1 only at N = 16; the target 0.3 is about
+# twice the noise floor of the gradient norm at these η.
 DEFAULTS = {"lr": 0.004, "gamma": 0.064, "target": 0.3}
 
 
