@@ -143,7 +143,7 @@ def report(
     elif name == "isweep":
         targets, note = _isweep_columns(rows, finished)
         notes.append(note)
-    elif name == "converge":
+    elif name.startswith("converge"):  # converge, and its tuning and probe sweeps
         targets, tables, note = _converge_tables(rows, finished)
         notes.append(note)
 
@@ -167,8 +167,8 @@ def report(
         try:
             plot_runs([str(folder / run) for run in finished], figure_path, bandwidth=BANDWIDTH, latency=LATENCY, title=f"sweep {name}")
             result["figure"] = str(figure_path)
-            if name == "converge":
-                result["curves"] = str(_converge_curves(finished, folder / "curves.png"))
+            if name.startswith("converge"):
+                result["curves"] = str(_converge_curves(finished, folder / "curves.png", name))
         except LocalclipError as exc:  # the tables are still worth having
             result["figure_error"] = str(exc)
     atomic_write_text(folder / "summary.md", _markdown(name, rows, tables or [("", columns)], unfinished, notes, result))
@@ -351,7 +351,7 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     return {"per_step_compute": per_step}, [("Runs", main), ("Time to the naive baseline's final perplexity", timing)], note
 
 
-def _converge_curves(finished: dict, out: Path) -> Path:
+def _converge_curves(finished: dict, out: Path, name: str = "converge") -> Path:
     """Validation perplexity per epoch: the main runs (the longest) left, the scenarios right."""
     import matplotlib
 
@@ -384,7 +384,7 @@ def _converge_curves(finished: dict, out: Path) -> Path:
         ax.set_title(f"{title}; dots: end of an epoch")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize="small")
-    fig.suptitle("sweep converge: validation perplexity per epoch (values above 2x the lowest leave the top)")
+    fig.suptitle(f"sweep {name}: validation perplexity per epoch (values above 2x the lowest leave the top)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
     fig.savefig(tmp, dpi=110)

@@ -58,7 +58,9 @@ def default_jobs(runs: int, cores: int | None = None) -> int:
     bound to one core under concurrent simulation keep that core busy without oversubscribing
     the others (a worker waiting in a collective yields its core to the run's other workers).
     Fewer jobs than cores leaves cores idle; more puts two runs on one core for no gain and
-    twice the memory.
+    twice the memory. Measured on the project's 2-core machine (``benchmarks/bench_sweep_jobs.py``,
+    2 runs of N = 8 for 24 steps, under other jobs' load): 118.6 s at J = 1, 84.7 s at J = 2
+    (1.40x), 86.3 s at J = 4; identical metrics at every J.
     """
     cores = len(available_cores()) if cores is None else cores
     return max(1, min(cores, runs))
