@@ -354,6 +354,7 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
 def _converge_curves(finished: dict, out: Path, name: str = "converge") -> Path:
     """Validation perplexity per epoch: the main runs (the longest) left, the scenarios right."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -379,12 +380,14 @@ def _converge_curves(finished: dict, out: Path, name: str = "converge") -> Path:
             low = min(finite)
             ax.set_ylim(low * 0.97, min(max(finite), 2.0 * low) * 1.02)
         ax.set_yscale("log")
-        ax.set_xlabel("epochs")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # 130, not 1.3×10²
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("epochs (passes over the training set)")
         ax.set_ylabel("validation perplexity (log scale)")
         ax.set_title(f"{title}; dots: end of an epoch")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize="small")
-    fig.suptitle(f"sweep {name}: validation perplexity per epoch (values above 2x the lowest leave the top)")
+    fig.suptitle(f"sweep {name}: validation perplexity per epoch\n(values above 2x the lowest leave the top)", fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
     fig.savefig(tmp, dpi=110)

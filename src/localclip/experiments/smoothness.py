@@ -152,8 +152,7 @@ def probe_run(
     if not checkpoints and not include_start:
         raise RunFolderError(f"{run.path} holds no checkpoint (checkpoints/step-*/rank-0.pt) to probe")
 
-    torch.manual_seed(config.seed)  # the run's x₀, as the trainer draws it
-    workload = make_workload(config, SingleProcess())
+    workload = make_workload(config, SingleProcess())  # its model is the run's x₀ (drawn from the run's seed)
     model = workload.model
     model.eval()  # no dropout: f must be the same function at x and at x + d
     params = [p for p in model.parameters() if p.requires_grad]
