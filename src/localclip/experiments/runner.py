@@ -299,7 +299,13 @@ def _child(job_path: str) -> int:
     """One run of a sweep in this (child) process, as :meth:`_Sweep.run_here` would run it."""
     job = json.loads(Path(job_path).read_text())
     if job.get("cores") and hasattr(os, "sched_setaffinity"):
+        import torch
+
         os.sched_setaffinity(0, job["cores"])
+        # The process's thread budget is its share of the cores: simulated workers compute at
+        # most that many at once. Each worker's own intra-op threads stay the config's (threads=1
+        # in every sweep), so this changes speed only, never a number.
+        torch.set_num_threads(len(job["cores"]))
     result: dict
     try:
         summary = run_training(config_from_dict(job["config"]), job["out"], runtime=job["runtime"], resume=job["resume"], progress=False)
