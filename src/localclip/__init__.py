@@ -5,7 +5,7 @@ model averaging), :class:`CELGC` and :class:`NaiveParallelClipping` (the algorit
 optimizers), and the communicators in :mod:`localclip.comm`.
 """
 
-from localclip.algorithm import CELGC, NaiveParallelClipping
+from localclip.algorithms import CELGC, NaiveParallelClipping
 from localclip.averaging import PeriodicAverager
 from localclip.comm import SimulatedWorld
 from localclip.optim import ClippedSGD, GammaFollowsLR

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from localclip.algorithm import CELGC, NaiveParallelClipping
+from localclip.algorithms import CELGC, NaiveParallelClipping
 from localclip.comm import current
 from localclip.errors import ConfigError, NonFiniteError
 from localclip.train.config import TrainConfig
