@@ -103,7 +103,7 @@ def _sized(cfg: TrainConfig, recipe: str, evals_per_epoch: int) -> TrainConfig:
     """
     resolved = cfg.resolved()
     per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.workers)
-    period = resolved.period if resolved.algorithm in ("celgc", "local-sgd") and resolved.workers > 1 else 1
+    period = resolved.period if resolved.algorithm in ("celgc", "local-sgd", "episode") and resolved.workers > 1 else 1
     every = max(period, round(per_worker / evals_per_epoch / period) * period)
     return dataclasses.replace(cfg, eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH))
 
@@ -426,7 +426,7 @@ def report(
             "run": run,
             "algorithm": algorithm,
             "N": c.get("workers"),
-            "I": c.get("period") if algorithm in ("celgc", "local-sgd") and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
+            "I": c.get("period") if algorithm in ("celgc", "local-sgd", "episode") and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
             "epochs": s.get("epochs"),
             "steps": s.get("steps"),
             f"val/{metric}": s.get(f"val/{metric}"),

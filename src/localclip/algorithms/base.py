@@ -59,8 +59,13 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         raise NotImplementedError(f"{type(self).__name__} averages a fixed module; build it with all parameters")
 
     def average(self) -> None:
-        """Average the models now (end of an epoch, before evaluation)."""
-        self.averager.average()
+        """Average the models now (end of an epoch, before evaluation).
+
+        Only a round that communicates something the workers do not already share is taken and
+        counted: right after a round (the last step ended a period) this does nothing.
+        """
+        if not self.averager.in_sync:
+            self.averager.average()
 
     # -- statistics ----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ class NaiveParallelClipping(DistributedAlgorithm):
     Equal to single-machine clipped SGD on the concatenated global batch (when every worker's
     loss is a mean over the same per-worker batch size). The models stay identical, so only the
     floating-point buffers differ between workers; :meth:`average` (called at the end of every
-    epoch) makes those agree as well.
+    epoch) averages those, and is no round at all for a model without them.
     """
 
     def __init__(
@@ -38,6 +38,9 @@ class NaiveParallelClipping(DistributedAlgorithm):
         group: Communicator | None = None,
         **averager_options,
     ):
+        for key, off in (("compression", "none"), ("outer_optimizer", None)):
+            if averager_options.get(key, off) != off:
+                raise ValueError(f"Invalid {key}={averager_options[key]!r} for naive parallel clipping: it averages gradients, not models")
         # Period 1, but the averager only serves the initial broadcast and the explicit
         # end-of-epoch average(): step() never calls it.
         self._compose(
@@ -61,3 +64,7 @@ class NaiveParallelClipping(DistributedAlgorithm):
                 offset += n
         self.optimizer.step()
         return loss
+
+    def average(self) -> None:
+        """Average the floating-point buffers (the parameters are identical already)."""
+        self.averager.average_buffers()
