@@ -67,4 +67,4 @@ class NaiveParallelClipping(DistributedAlgorithm):
 
     def average(self) -> None:
         """Average the floating-point buffers (the parameters are identical already)."""
-        self.averager.average_buffers()
+        self.averager.average_buffers_only()
