@@ -10,9 +10,10 @@ the aggregated change, so plain averaging, outer SGD and Nesterov differ in a fe
 
 * :class:`OuterSGD` — outer SGD with ``lr``, ``momentum`` and ``nesterov`` in PyTorch's
   convention (``buf ← μ·buf + Δ``; Nesterov: ``d = Δ + μ·buf``, else ``d = buf``;
-  ``x ← a − lr·d``), written so that ``lr=1, momentum=0`` gives *exactly* the average (it computes
-  :math:`x = \bar x + (\Delta - lr\cdot d)`, and :math:`\Delta - 1\cdot\Delta` is exactly 0, while
-  ``a − (a − x̄)`` is not always ``x̄`` in floating point). It works in place, block by block, on
+  ``x ← a − lr·d``), written so that ``lr=1, momentum=0`` gives *exactly* the average (without
+  momentum it is ``lerp(a, x̄, lr)``, exact at 1; with momentum it computes
+  :math:`x = \bar x + (\Delta - lr\cdot d)`; the textbook ``a − (a − x̄)`` is not always ``x̄`` in
+  floating point). It works in place, block by block, on
   the averaged tensors while they are in cache; its extra memory is the momentum buffer (one
   copy of the parameters, none when ``momentum=0``).
 * :class:`TorchOuter` — any ``torch.optim.Optimizer``, from a factory ``params -> optimizer``,
@@ -75,17 +76,21 @@ class OuterSGD:
 
         ``index`` and ``start`` locate the block in anchor tensor ``index`` (for the momentum).
         """
-        delta = anchor.sub_(average)  # Δ = a − x̄, in the anchor's storage (a is not needed again)
         lr, mu = self.lr, self.momentum
-        if mu:
-            buf = self.buffers[index][start : start + delta.numel()]
-            torch.add(delta, buf, alpha=mu, out=buf)  # buf ← μ·buf + Δ
-            if self.nesterov:
-                delta.mul_(1.0 - lr).add_(buf, alpha=-lr * mu)  # Δ − lr·(Δ + μ·buf)
-            else:
-                delta.sub_(buf, alpha=lr)  # Δ − lr·buf
-        else:
-            delta.mul_(1.0 - lr)  # Δ − lr·Δ
+        if not mu:
+            # x = a − lr·(a − x̄) = lerp(a, x̄, lr); torch's lerp computes x̄ − (x̄ − a)·(1 − lr)
+            # for lr >= 0.5, which is exactly x̄ at lr = 1.
+            torch.lerp(anchor, average, lr, out=average)
+            anchor.copy_(average)
+            return
+        delta = anchor.sub_(average)  # Δ = a − x̄, in the anchor's storage (a is not needed again)
+        buf = self.buffers[index][start : start + delta.numel()]
+        # One pass: buf ← μ·buf + Δ, then Δ ← Δ − lr·d (d = Δ + μ·buf, or buf). The fused kernel
+        # is elementwise, so Δ may be both its parameter and its gradient.
+        torch._fused_sgd_(
+            [delta], [delta], [buf], weight_decay=0.0, momentum=mu, lr=lr, dampening=0.0,
+            nesterov=self.nesterov, maximize=False, is_first_step=False,
+        )
         average.add_(delta)  # x = x̄ + (Δ − lr·d) = a − lr·d
         anchor.copy_(average)
 
