@@ -1,34 +1,44 @@
 """Benchmark: one model-averaging round of the AWD-LSTM PTB model (24,221,600 parameters) over gloo.
 
 For each world size, ``localclip.launch.spawn`` starts that many processes (FileStore rendezvous
-in a temporary folder, no ports; torch threads per worker = cpu_count // world_size). Inside each
-worker these run interleaved (i ii iii iv, i ii iii iv, ..., the starting one rotated each round),
-each after a ``dist.barrier()``:
+in a temporary folder, no ports), each with ``--threads`` torch intra-op threads (default 1: the
+setting of every multi-worker run on this 2-core machine). Inside each worker the variants of a
+table run interleaved (the starting one rotated each round), each after a ``dist.barrier()``;
+a round's time is that of the slowest rank (the round is over when every worker has its result).
+Rank 0 prints medians and ratios to the table's baseline: of the medians, and the median of
+per-round ratios (paired, less sensitive to load changes).
 
-  (i)   BASELINE: one ``dist.all_reduce`` of a preallocated flat float32 buffer with as many
-        elements as the averager sends (the transport's limit: the least any round can cost);
-  (ii)  ``localclip.PeriodicAverager.average()`` (flat buffer backing the parameters, a
-        read-only non-finite check, weight element, the all-reduce in 8 MiB chunks, each divided
-        by the number of workers on arrival while the rest are in flight);
-  (iii) torch's ``torch.distributed.algorithms.model_averaging.utils.average_parameters``
-        (``cat`` into a new flat buffer, divide, all-reduce, re-point ``p.data``);
-  (iv)  per-tensor ``dist.reduce`` to rank 0 then ``dist.broadcast``, then a division, per
-        parameter tensor.
+Table 1, a plain round:
+  (i)    BASELINE: one ``dist.all_reduce`` of a preallocated flat float32 buffer with as many
+         elements as the averager sends (the transport's limit: the least any round can cost);
+  (ii)   ``localclip.PeriodicAverager.average()`` (flat buffer backing the parameters, one fused
+         pass that scales by 1/K and checks for NaN/Inf, one all-reduce);
+  (ii')  the round as it was before (commit 1627d22), inlined here: a read-only ``sum`` as the
+         NaN/Inf check, the all-reduce in 8 MiB chunks, each divided by K on arrival;
+  (iii)  torch's ``torch.distributed.algorithms.model_averaging.utils.average_parameters``
+         (``cat`` into a new flat buffer, divide, all-reduce, re-point ``p.data``);
+  (iv)   per-tensor ``dist.reduce`` to rank 0 then ``dist.broadcast``, then a division.
+Table 2, outer steps (ratios to the same baseline (i)):
+  (v)    ``average()`` with ``OuterSGD(0.7, momentum=0.9, nesterov=True)`` (DiLoCo's);
+  (vi)   ``average()`` with ``OuterSGD(0.7)`` (no momentum);
+  (vii)  ``average()`` with ``torch.optim.SGD(lr=0.7, momentum=0.9, nesterov=True)`` as the outer
+         optimizer (``TorchOuter``: the pseudo-gradient in ``.grad``, torch's foreach step).
+Table 3, compressed rounds (ratios to (ii), the uncompressed round):
+  (viii) ``average()`` with ``compression="bf16"``;  (ix) with ``"fp16"``;
+  (x)    a raw ``dist.all_reduce`` of a preallocated bf16 buffer of the same length.
 
 Each variant owns its own copy of the model (torch's util re-points ``p.data`` at its new buffer,
-which would break the averager's views). A round's time is that of the slowest rank (the round
-is over when every worker has its average); rank 0 gathers them and prints medians and ratios to
-(i): of the medians, and the median of per-round ratios (paired, less sensitive to load changes).
+which would break the averager's views).
 
-With ``--profile`` (default: at the first world size) a second table times (ii) with other chunk
-sizes, one chunk (no overlap: transport, then one division pass) up to 32 MiB, after checking that
-every chunking gives the one-chunk average (also with a NaN on rank 1, which must then be left
-out): bit for bit for 2 workers; for more, gloo's ring adds in an order that depends on where an
-element falls in its buffer, so they may differ by float32 rounding.
+With ``--profile`` (default: at the first world size) a fourth table times (ii) with chunked
+all-reduces (2, 8, 32 MiB), after checking that every chunking gives the one-chunk average
+(also with a NaN on rank 1, which must then be left out): bit for bit for 2 workers; for more,
+gloo's ring adds in an order that depends on where an element falls in its buffer, so they may
+differ by float32 rounding.
 
-    PYTHONPATH=src python benchmarks/bench_averaging.py                   # world sizes 2 and 4, ~2 min
+    PYTHONPATH=src python benchmarks/bench_averaging.py                    # 2 workers, 1 thread each, ~3 min
     PYTHONPATH=src python benchmarks/bench_averaging.py --world-sizes 2 --quick
-    PYTHONPATH=src python benchmarks/bench_averaging.py --profile all --repeats 15
+    PYTHONPATH=src python benchmarks/bench_averaging.py --threads 2 --profile none
 """
 
 from __future__ import annotations
@@ -48,18 +58,21 @@ import torch.distributed.algorithms.model_averaging.utils  # noqa: F401 - (iii) 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from localclip import PeriodicAverager  # noqa: E402
+from localclip import OuterSGD, PeriodicAverager  # noqa: E402
 from localclip.comm import current  # noqa: E402
 from localclip.launch import spawn  # noqa: E402
 from localclip.models import AWDLSTM  # noqa: E402
 
-BASELINE = "(i) dist.all_reduce, flat buffer [BASELINE]"
-VARIANTS = (
-    BASELINE,
-    "(ii) localclip PeriodicAverager.average()",
-    "(iii) torch average_parameters",
-    "(iv) per-tensor reduce + broadcast + div",
-)
+BASELINE = "(i) dist.all_reduce, flat float32 [BASELINE]"
+PLAIN = "(ii) PeriodicAverager.average()"
+TABLES = {
+    "plain": (BASELINE, PLAIN, "(ii') before: sum check, 8 MiB chunks, div", "(iii) torch average_parameters",
+              "(iv) per-tensor reduce + broadcast + div"),
+    "outer": (BASELINE, "(v) average(), OuterSGD Nesterov 0.7/0.9", "(vi) average(), OuterSGD 0.7, no momentum",
+              "(vii) average(), torch.optim.SGD Nesterov outer"),
+    "compressed": (PLAIN, "(viii) average(), compression=bf16", "(ix) average(), compression=fp16",
+                   "(x) dist.all_reduce, flat bf16"),
+}
 
 
 def build(seed: int) -> torch.nn.Module:
@@ -74,27 +87,66 @@ def per_tensor_average(params, world_size):
         p.data.div_(world_size)
 
 
-def worker(repeats: int, warmup: int, phases: bool):
+class BeforeRound:
+    """The round of commit 1627d22, for comparison: read-only NaN/Inf check by a ``sum``, then
+    the all-reduce in 8 MiB chunks, each divided by K as it arrives."""
+
+    def __init__(self, averager: PeriodicAverager, chunk_bytes: int = 8 << 20):
+        self.values = averager.flat_buffers[0]
+        self.flat = torch.empty(self.values.numel() + 1)  # values + weight slot, as then
+        self.flat[:-1].copy_(self.values)
+        self.chunks = self.flat.split(chunk_bytes // 4)
+        self.world = dist.get_world_size()
+
+    def __call__(self):
+        values = self.flat[:-1]
+        if not bool(torch.isfinite(values.sum())):
+            raise RuntimeError("non-finite")
+        self.flat[-1] = 1.0
+        works = [dist.all_reduce(c, async_op=True) for c in self.chunks]
+        for w, c in zip(works, self.chunks):
+            w.wait()
+            c.div_(self.world)
+
+
+def worker(repeats: int, warmup: int, phases: bool, threads: int):
+    torch.set_num_threads(threads)
     comm = current()
     rank, world = comm.rank, comm.world_size
+    group = dist.group.WORLD
     model_ii = build(rank)
     averager = PeriodicAverager(model_ii, period=1, group=comm)
+    before = BeforeRound(averager)
     model_iii, model_iv = build(rank), build(rank)
     params_iii, params_iv = list(model_iii.parameters()), list(model_iv.parameters())
     n = averager.flat_buffers[0].numel()
     # Zeros: repeated summing keeps them finite (a random buffer would overflow after ~60 rounds).
     flat = torch.zeros(n)
-    group = dist.group.WORLD
-    ops = {
-        VARIANTS[0]: lambda: dist.all_reduce(flat),
-        VARIANTS[1]: averager.average,
-        VARIANTS[2]: lambda: torch.distributed.algorithms.model_averaging.utils.average_parameters(iter(params_iii), group),
-        VARIANTS[3]: lambda: per_tensor_average(params_iv, world),
+    flat_bf16 = torch.zeros(n, dtype=torch.bfloat16)
+    outer = {
+        "(v)": PeriodicAverager(build(rank), period=1, group=comm, outer_optimizer=OuterSGD(0.7, 0.9, nesterov=True)),
+        "(vi)": PeriodicAverager(build(rank), period=1, group=comm, outer_optimizer=OuterSGD(0.7)),
+        "(vii)": PeriodicAverager(build(rank), period=1, group=comm,
+                                  outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True)),
     }
-    times = _interleave(ops, repeats, warmup)
-    result = {"numel": n, "threads": torch.get_num_threads(), "times": _slowest(times)}
+    compressed = {c: PeriodicAverager(build(rank), period=1, group=comm, compression=c) for c in ("bf16", "fp16")}
+    ops = dict(zip(TABLES["plain"], (
+        lambda: dist.all_reduce(flat), averager.average, before,
+        lambda: torch.distributed.algorithms.model_averaging.utils.average_parameters(iter(params_iii), group),
+        lambda: per_tensor_average(params_iv, world),
+    )))
+    result = {"numel": n, "threads": torch.get_num_threads(), "times": {}}
+    result["times"]["plain"] = _slowest(_interleave(ops, repeats, warmup))
+    ops = dict(zip(TABLES["outer"], (lambda: dist.all_reduce(flat), outer["(v)"].average, outer["(vi)"].average,
+                                     outer["(vii)"].average)))
+    result["times"]["outer"] = _slowest(_interleave(ops, repeats, warmup))
+    ops = dict(zip(TABLES["compressed"], (averager.average, compressed["bf16"].average, compressed["fp16"].average,
+                                          lambda: dist.all_reduce(flat_bf16))))
+    result["times"]["compressed"] = _slowest(_interleave(ops, repeats, warmup))
+    result["bytes"] = {"none": averager.bytes_communicated / max(1, averager.rounds),
+                       "bf16": compressed["bf16"].bytes_communicated / max(1, compressed["bf16"].rounds)}
     if phases:
-        del model_iii, model_iv, params_iii, params_iv  # room for the chunked copies
+        del model_iii, model_iv, params_iii, params_iv, outer, compressed  # room for the chunked copies
         averagers = _chunk_averagers(rank, comm)
         result["check"] = _check_chunkings(averagers)
         result["chunks"] = _profile_chunks(averagers, flat, repeats, warmup)
@@ -126,8 +178,7 @@ def _slowest(times):
     return out
 
 
-CHUNKS = {"one chunk (no overlap)": 1 << 40, "2 MiB chunks": 2 << 20, "8 MiB chunks (default)": 8 << 20,
-          "32 MiB chunks": 32 << 20}
+CHUNKS = {"one all-reduce (default)": None, "2 MiB chunks": 2 << 20, "8 MiB chunks": 8 << 20, "32 MiB chunks": 32 << 20}
 
 
 def _chunk_averagers(rank, comm):
@@ -148,13 +199,13 @@ def _check_chunkings(averagers) -> dict:
             if case != "all finite" and avg.comm.rank == 1:
                 flats[name][12345] = math.nan
             avg.average()
-            results[name] = flats[name][:-1].clone()
+            results[name] = flats[name].clone()
         ref = next(iter(results.values()))
         for name, r in list(results.items())[1:]:
             d = ((r - ref).abs().max() / ref.abs().max()).reshape(1)
             d = torch.where(torch.isnan(d), torch.full_like(d, math.inf), d)
             dist.all_reduce(d, op=dist.ReduceOp.MAX)
-            out[f"{case}: {name} vs one chunk"] = d.item()
+            out[f"{case}: {name} vs one all-reduce"] = d.item()
     for name, avg in averagers.items():
         flats[name].copy_(start)
     return out
@@ -171,20 +222,21 @@ def _table(title, times, base=None, header="ms"):
     base = base if base is not None else names[0]
     mb = statistics.median(times[base])
     print(f"\n{title}")
-    print(f"{'':<48} {'median ' + header:>10} {'IQR ms':>15} {'ratio':>6} {'paired':>7}")
+    print(f"{'':<52} {'median ' + header:>10} {'IQR ms':>15} {'ratio':>6} {'paired':>7}")
     for k in names:
         t = times[k]
         q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
         paired = statistics.median(x / b for x, b in zip(t, times[base]))
-        print(f"{k:<48} {1e3 * statistics.median(t):>10.1f} {1e3 * q[0]:>7.1f}-{1e3 * q[2]:<7.1f} "
+        print(f"{k:<52} {1e3 * statistics.median(t):>10.1f} {1e3 * q[0]:>7.1f}-{1e3 * q[2]:<7.1f} "
               f"{statistics.median(t) / mb:>6.2f} {paired:>7.2f}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--repeats", type=int, default=8, help="timed rounds per variant (default 8)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[2])
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker (default 1)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed rounds per variant (default 10)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
     ap.add_argument("--profile", choices=("none", "first", "all"), default="first",
                     help="time (ii)'s chunk sizes at no, the first, or every world size (default first)")
     ap.add_argument("--quick", action="store_true", help="3 timed rounds, 1 warm-up, no profile")
@@ -196,19 +248,23 @@ def main(argv=None):
     for i, world in enumerate(args.world_sizes):
         t0 = time.perf_counter()
         profile = args.profile == "all" or (args.profile == "first" and i == 0)
-        res = spawn(worker, world, args.repeats, args.warmup, profile,
-                    timeout=600, join_timeout=1800)[0]
+        res = spawn(worker, world, args.repeats, args.warmup, profile, args.threads, timeout=600, join_timeout=1800)[0]
         print(f"\n=== world size {world} (gloo, {res['threads']} torch thread(s)/worker): {res['numel']:,} "
               f"float32 per round ({4 * res['numel'] / 2**20:.1f} MiB); {args.repeats} rounds interleaved; "
               f"slowest rank per round; {time.perf_counter() - t0:.0f}s ===")
-        _table("One averaging round (ratio = median / median of (i); paired = median of per-round ratios)",
-               res["times"])
+        _table("1. One plain averaging round (ratio = median / median of (i); paired = median of per-round ratios)",
+               res["times"]["plain"])
+        _table("2. One round with an outer step (ratios to (i))", res["times"]["outer"])
+        _table("3. Compressed rounds (ratios to (ii), the uncompressed round)", res["times"]["compressed"])
+        b = res["bytes"]
+        print(f"   bytes sent per round (counted from the tensors all-reduced): none {b['none']:,.0f}, "
+              f"bf16 {b['bf16']:,.0f} ({b['bf16'] / b['none']:.3f}x)")
         if "chunks" in res:
-            print("\nChunkings vs one chunk, same start (max |difference| / max |x|, all ranks; 0 or float32 rounding):")
+            print("\nChunkings vs one all-reduce, same start (max |difference| / max |x|, all ranks; 0 or float32 rounding):")
             for k, v in res["check"].items():
-                print(f"  {k:<55} {v:.1e}")
-            _table("(ii) with other chunk sizes, interleaved (ratios to (i))", res["chunks"])
-    print("\nTargets (issue): (ii) <= 1.1x (i); torch's (iii) measured ~1.9x, per-tensor (iv) ~2.2x.")
+                print(f"  {k:<60} {v:.1e}")
+            _table("4. (ii) with chunked all-reduces, interleaved (ratios to (i))", res["chunks"])
+    print("\nTargets (issue 14): (ii) <= 1.1x (i); (v) <= 1.3x (i); bf16 bytes 0.5x.")
     print(f"load avg at end {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -51,6 +51,16 @@ def test_unknown_recipe_names_it_and_lists_the_recipes(capsys):
         (["--set", "max_steps=lots"], "max_steps"),
         (["--set", "clip_mode=global"], "clip_mode"),
         (["--runtime", "mpi"], "--runtime"),
+        (["--outer-optimizer", "adam"], "'adam'"),
+        (["--compression", "int8"], "'int8'"),
+        (["--outer-optimizer", "sgd", "--outer-lr", "0"], "outer_lr: 0.0"),
+        (["--outer-optimizer", "nesterov", "--outer-lr", "-0.5"], "outer_lr: -0.5"),
+        (["--outer-optimizer", "sgd", "--outer-momentum", "1"], "outer_momentum: 1.0"),
+        (["--outer-optimizer", "sgd", "--outer-momentum", "-0.1"], "outer_momentum: -0.1"),
+        (["--outer-optimizer", "nesterov", "--outer-momentum", "0"], "outer_momentum: 0.0"),
+        (["--algorithm", "episode", "--set", "clip_mode=max"], "clip_mode: 'max'"),
+        (["--algorithm", "naive", "--outer-optimizer", "nesterov"], "outer_optimizer: 'nesterov'"),
+        (["--algorithm", "naive", "--compression", "bf16"], "compression: 'bf16'"),
     ],
 )
 def test_invalid_flag_values_name_the_flag(capsys, tmp_path, flags, needle):
@@ -111,3 +121,14 @@ def test_plot_of_a_folder_that_is_not_a_run(capsys, tmp_path):
     code, err = run_cli(capsys, "plot", str(tmp_path), "--out", str(tmp_path / "f.png"))
     assert code == 2 and str(tmp_path) in err
     assert not (tmp_path / "f.png").exists()
+
+
+def test_resume_with_another_outer_optimizer_names_both_and_changes_nothing(capsys, tmp_path):
+    out = tmp_path / "run"
+    flags = ["--workers", "2", "--period", "2", "--max-steps", "2", "--set", "checkpoint_interval=1", *SMOKE]
+    assert main(["train", "ptb-small", "--outer-optimizer", "nesterov", "--out", str(out), *flags]) == 0
+    (out / "summary.json").unlink()  # a started run with checkpoints, as if interrupted
+    before = digest(out)
+    code, err = run_cli(capsys, "train", "ptb-small", "--outer-optimizer", "sgd", "--resume", "--out", str(out), *flags)
+    assert code == 2 and "outer_optimizer: 'nesterov' -> 'sgd'" in err and "Traceback" not in err
+    assert digest(out) == before

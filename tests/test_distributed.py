@@ -29,6 +29,17 @@ def test_simulated_workers_equal_gloo_processes(kwargs):
             torch.testing.assert_close(s["state"][k], r["state"][k], rtol=1e-12, atol=1e-13)
 
 
+def test_episode_with_outer_nesterov_and_bf16_simulated_equals_gloo():
+    """Two workers, so that gloo's bf16 sum (a + b) is the simulation's: bit for bit."""
+    kwargs = dict(algorithm="episode", period=2, outer=(0.7, 0.9, True), compression="bf16")
+    sim = SimulatedWorld(2).run(train_celgc, steps=7, **kwargs)
+    real = spawn(train_celgc, 2, steps=7, join_timeout=JOIN, timeout=30, **kwargs)
+    for s, r in zip(sim, real):
+        assert s["rounds"] == r["rounds"] == 4 + 4 and s["bytes"] == r["bytes"] and s["clipped"] == r["clipped"]
+        for k in s["state"]:
+            assert torch.equal(s["state"][k], r["state"][k]), k
+
+
 def test_then_sees_each_tensor_reduced_in_order_over_gloo_and_simulated():
     expected = [[6.0] * 5, [6.0], [6.0] * 3]
     assert spawn(reduce_with_then, 3, join_timeout=JOIN, timeout=30) == [expected] * 3

@@ -19,8 +19,8 @@ def fixed_batches(rank, steps, batch=8, seed=123):
     return [(torch.randn(batch, 6, generator=gen), torch.randint(0, 3, (batch,), generator=gen)) for _ in range(steps)]
 
 
-def train_celgc(steps=7, period=3, lr=0.5, gamma=0.05, clip_mode="local", momentum=0.0, algorithm="celgc"):
-    """A few CELGC steps on fixed per-rank data; returns the final state and counters."""
+def train_celgc(steps=7, period=3, lr=0.5, gamma=0.05, clip_mode="local", momentum=0.0, algorithm="celgc", **averager_options):
+    """A few CELGC (or EPISODE) steps on fixed per-rank data; returns the final state and counters."""
     torch.set_default_dtype(torch.float64)
     try:
         comm = current()
@@ -28,7 +28,10 @@ def train_celgc(steps=7, period=3, lr=0.5, gamma=0.05, clip_mode="local", moment
         if algorithm == "naive":
             opt = localclip.NaiveParallelClipping(model, lr=lr, gamma=gamma, momentum=momentum)
         else:
-            opt = localclip.CELGC(model, lr=lr, gamma=gamma, period=period, clip_mode=clip_mode, momentum=momentum)
+            if "outer" in averager_options:  # (lr, momentum, nesterov): one OuterSGD per worker
+                averager_options["outer_optimizer"] = localclip.OuterSGD(*averager_options.pop("outer"))
+            cls = localclip.EPISODE if algorithm == "episode" else localclip.CELGC
+            opt = cls(model, lr=lr, gamma=gamma, period=period, clip_mode=clip_mode, momentum=momentum, **averager_options)
         for x, y in fixed_batches(comm.rank, steps):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()

@@ -1,23 +1,41 @@
-"""Periodic model averaging: when the workers average, what they average, and what it costs.
+"""Periodic model averaging: when the workers average, what they send, and what it costs.
 
 :class:`PeriodicAverager` owns the "every I steps, replace the model by the average" part of
 CELGC and of local SGD. To make a round cost little more than the transport itself, the averaged
 tensors (trainable parameters and floating-point buffers) are moved, once, into one persistent
 flat buffer per (device, dtype): each parameter's ``.data`` and each buffer becomes a view into
-it. A round is then one in-place all-reduce of each flat buffer and one division, with no
-packing or unpacking copies. The buffer carries one extra element, the worker's weight, so that
-a weighted average (partial participation, workers with non-finite parameters left out) costs
-the same single all-reduce and is a decision every worker takes together.
+it. A plain round is then one pass and one in-place all-reduce:
 
-The all-reduce goes out in chunks of about ``chunk_bytes``, all issued at once, and each chunk is
-divided by the number of workers as soon as it arrives, while the later chunks are still on the
-wire: the division, the one pass over the model a round needs besides the transport, is hidden
-behind it (measured in ``benchmarks/bench_averaging.py``).
+* the pass (``torch._amp_foreach_non_finite_check_and_unscale_``, PyTorch's fused AMP kernel)
+  multiplies the values by 1/K and, in the same read, tells whether any was NaN or Inf; so the
+  sum that the all-reduce returns is already the average, and no division pass follows;
+* one all-reduce of the whole buffer (``chunk_bytes=None``, the default). Splitting it into
+  chunks so that work on the first chunks overlaps the transport of the rest only pays where
+  the transport leaves a core free: over gloo on a loaded 2-core machine, at one intra-op thread
+  per worker, 8 MiB chunks made the bare transport itself ~25 % slower (``bench_averaging.py``).
+
+A separate one-element *weight* goes first in the same collective: each worker's 1 or 0, so that
+a weighted average (partial participation, workers with non-finite parameters left out) is a
+decision every worker takes together, known before any value arrives.
+
+Two options change what a round sends or does with the average; both keep an *anchor*, a copy of
+the averaged tensors as of the last round (identical on every worker):
+
+* ``compression="bf16"|"fp16"``: each worker sends its change since the anchor, ``(x_i − a)/K``,
+  as an all-reduce in that 2-byte format (half the bytes; the sum of K low-precision terms is
+  rounded once per addition, so the error grows with K: see :meth:`PeriodicAverager.average`),
+  and every worker adds the same decoded sum to the anchor, so all stay bit-identical. An
+  all-reduce (rather than an all-gather and a float32 sum) is used because its bytes per worker
+  do not grow with K.
+* ``outer_optimizer``: the average is handed to an outer step (:mod:`localclip.outer`).
+
+The work after the transport (decoding, the outer step, the new anchor) runs block by block, so
+that its several element-wise operations read and write each block while it is in cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -25,25 +43,32 @@ from torch import nn
 from localclip.comm import Communicator, current
 from localclip.data.sharding import sample_participants
 from localclip.errors import CommunicationError, NonFiniteError
+from localclip.outer import OuterSGD, TorchOuter, make_outer
 
-__all__ = ["PeriodicAverager", "OPTIMIZER_STATE_MODES", "sample_participants"]
+__all__ = ["PeriodicAverager", "OPTIMIZER_STATE_MODES", "COMPRESSIONS", "sample_participants"]
 
 OPTIMIZER_STATE_MODES = ("local", "average", "reset")
+COMPRESSIONS = ("none", "bf16", "fp16")
+_WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-
-DEFAULT_CHUNK_BYTES = 8 << 20
+DEFAULT_CHUNK_BYTES = None
+# Elements per block of the post-transport passes: 1 MiB of float32 stays in L2 between the
+# several element-wise operations of decoding and the outer step.
+BLOCK_NUMEL = 1 << 18
 
 
 class _FlatBucket:
-    """A flat buffer of one device and dtype whose slices back the averaged tensors."""
+    """A flat buffer of one device and dtype whose slices back the averaged tensors.
 
-    def __init__(self, tensors: list[torch.Tensor], bind: list, chunk_bytes: int):
+    The first ``n_params`` elements back trainable parameters, the rest floating-point buffers.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], bind: list, n_params: int):
         numel = sum(t.numel() for t in tensors)
-        # One extra element at the end holds this worker's weight in the average.
-        self.flat = torch.empty(numel + 1, dtype=tensors[0].dtype, device=tensors[0].device)
-        self.values = self.flat[:-1]
-        self.weight = self.flat[-1:]
-        self.chunks = self.flat.split(max(1, chunk_bytes // self.flat.element_size()))
+        self.values = torch.empty(numel, dtype=tensors[0].dtype, device=tensors[0].device)
+        self.n_params = n_params
+        self.anchor: torch.Tensor | None = None  # the values as of the last round
+        self.wire: torch.Tensor | None = None  # the low-precision send buffer (compression)
         offset = 0
         self.views = []
         for t, rebind in zip(tensors, bind):
@@ -54,8 +79,13 @@ class _FlatBucket:
             offset += t.numel()
 
     @property
-    def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
+    def sent(self) -> torch.Tensor:
+        return self.values if self.wire is None else self.wire
+
+    def ranges(self, chunk_numel: int | None) -> list[tuple[int, int]]:
+        n = self.values.numel()
+        step = n if chunk_numel is None else max(1, chunk_numel)
+        return [(s, min(n, s + step)) for s in range(0, n, step)]
 
 
 class PeriodicAverager:
@@ -87,8 +117,18 @@ class PeriodicAverager:
             then takes that average (partial participation).
         skip_nonfinite: leave a worker whose parameters contain NaN or Inf out of the average
             (it takes the average of the others); if False such a worker raises instead.
-        chunk_bytes: the all-reduce's chunk size (see the module docstring); the default, 8 MiB,
-            was the fastest of 2-32 MiB for a 92 MiB model over gloo.
+        chunk_bytes: split the all-reduce into chunks of about this size, the work on each chunk
+            starting as it arrives; default ``None``: one all-reduce (see the module docstring).
+        compression: ``"none"``, or send the change since the anchor as ``"bf16"`` or
+            ``"fp16"`` (see the module docstring; fp16 keeps 3 more mantissa bits but overflows
+            beyond ±65504, which counts as non-finite).
+        outer_optimizer: ``None`` (plain averaging), an :class:`~localclip.outer.OuterSGD`, or a
+            factory ``params -> torch.optim.Optimizer`` (see :mod:`localclip.outer`).
+
+    Memory: with ``compression`` or ``outer_optimizer``, one more copy of the averaged tensors
+    (the anchor, :attr:`anchor_numel`), plus the outer optimizer's state (``OuterSGD``: its
+    momentum buffer, one copy of the parameters when ``momentum > 0``), plus for compression a
+    2-byte send buffer of the same length.
 
     Attributes:
         rounds: averaging rounds so far.
@@ -109,14 +149,19 @@ class PeriodicAverager:
         participants: int | None = None,
         participation_seed: int = 0,
         skip_nonfinite: bool = True,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
+        compression: str = "none",
+        outer_optimizer: OuterSGD | TorchOuter | Callable | None = None,
     ):
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ValueError(f"Invalid period: {period!r} (must be an integer >= 1)")
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"Invalid warmup_steps: {warmup_steps!r} (must be an integer >= 0)")
-        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-            raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1)")
+        if chunk_bytes is not None and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+            raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1, or None)")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"Invalid compression: {compression!r} (expected one of {COMPRESSIONS})")
+        outer = make_outer(outer_optimizer)
         if optimizer_state not in OPTIMIZER_STATE_MODES:
             raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
         if optimizer_state != "local" and optimizer is None:
@@ -134,21 +179,35 @@ class PeriodicAverager:
         self.participation_seed = participation_seed
         self.skip_nonfinite = skip_nonfinite
         self.step_count = 0
-        self._shared_at = 0  # step_count when the workers last held the same values (0: the broadcast)
+        self._last_round_step = 0  # step_count when the workers last held the same values (0: the broadcast)
         self.rounds = 0
         self.bytes_communicated = 0
         self.nonfinite_rounds = 0
+        self.compression = compression
+        self.outer = outer
+        self.chunk_bytes = chunk_bytes
+        self._last_round_step = 0
 
-        self._names, self._buckets = self._flatten(module, average_buffers, chunk_bytes)
+        self._names, self._buckets = self._flatten(module, average_buffers)
         if not self._buckets:
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters or floating-point buffers to average")
+        first = self._buckets[0].values
+        self._weight = torch.zeros(1, dtype=torch.float32, device=first.device)
+        self._found = torch.zeros(1, dtype=torch.float32, device=first.device)
         # Every worker starts from rank 0's model (x₀ is shared).
-        self._collective("initial broadcast", lambda: self.comm.broadcast([b.flat for b in self._buckets], src=0))
+        self._collective("initial broadcast", lambda: self.comm.broadcast([b.values for b in self._buckets], src=0))
+        if compression != "none" or outer is not None:
+            for b in self._buckets:
+                b.anchor = b.values.clone()
+                if compression != "none":
+                    b.wire = torch.empty(b.values.numel(), dtype=_WIRE_DTYPES[compression], device=b.values.device)
+            if outer is not None:
+                outer.bind([b.anchor[: b.n_params] for b in self._buckets if b.n_params])
 
     # -- set-up --------------------------------------------------------------------------------
 
     @staticmethod
-    def _flatten(module: nn.Module, average_buffers: bool, chunk_bytes: int):
+    def _flatten(module: nn.Module, average_buffers: bool):
         entries = []  # (name, tensor, rebind)
         seen = set()
         for name, p in module.named_parameters():
@@ -173,7 +232,10 @@ class PeriodicAverager:
             by_key.setdefault((t.device, t.dtype), []).append(entry)
         names, buckets = [], []
         for group in by_key.values():
-            bucket = _FlatBucket([e[1].detach() for e in group], [e[2] for e in group], chunk_bytes)
+            # Parameters first: the outer step and naive's buffer-only round use the two halves.
+            group.sort(key=lambda e: not isinstance(e[3], torch.Tensor))
+            n_params = sum(e[3].numel() for e in group if isinstance(e[3], torch.Tensor))
+            bucket = _FlatBucket([e[1].detach() for e in group], [e[2] for e in group], n_params)
             bucket.owners = [e[3] for e in group]
             names.append([e[0] for e in group])
             buckets.append(bucket)
@@ -204,6 +266,12 @@ class PeriodicAverager:
             return True
         return False
 
+    @property
+    def in_sync(self) -> bool:
+        """Whether no step has been counted since the last round (or the initial broadcast), so
+        that the workers hold the same averaged tensors and a round would change nothing."""
+        return self._last_round_step == self.step_count
+
     # -- a round -------------------------------------------------------------------------------
 
     def _collective(self, what: str, fn) -> None:
@@ -221,21 +289,25 @@ class PeriodicAverager:
     def average(self, *, if_changed: bool = False) -> None:
         """Average now, whatever the schedule (end of training, before evaluation).
 
-        With ``if_changed``, nothing happens (no round is counted) when no step has been taken
-        since the last round: the workers already hold the same values, as at the end of an
-        epoch that ends on a period boundary.
+        Each worker first scales what it sends by 1/K (K: the workers expected to take part) and
+        checks it for NaN/Inf in the same pass, before anything leaves it, so that a left-out
+        worker's values never reach the others; then one all-reduce sums the weights and the
+        values. When all K took part the sum is the average; a worker left out (not sampled, or
+        non-finite) contributes zeros and weight 0, and the others rescale by K/(weight sum).
+        With ``skip_nonfinite=False`` a non-finite worker raises instead (its model already
+        scaled, as it is lost anyway).
 
-        Each worker first checks its values for NaN/Inf (before anything leaves it, so that a
-        left-out worker's values never reach the others), then one chunked all-reduce sums values
-        and weights and divides each chunk by K (the workers expected to take part) on arrival:
-        when all K took part, that is the average and nothing else touches the buffer. A worker
-        left out (not sampled, or non-finite) contributes zeros and weight 0, and the others
-        rescale.
+        With compression each worker sends ``(x_i − a)/K`` rounded to the 2-byte format, and the
+        sum is added to the anchor: per element the error against the float32 average is at
+        most about ``K·u·mean_i |x_i − a|`` (``u`` the format's unit roundoff, 2⁻⁸ for bf16, 2⁻¹¹
+        for fp16: one rounding of each term and one per addition; tested), and for fp16 at least
+        about ``2K·2⁻²⁵`` in absolute terms: changes below fp16's normal range (6.1e-5 after the
+        division by K) keep only an absolute precision, which bf16, with float32's range, avoids.
         """
         self._check_views()
         if self.comm.world_size == 1:
             return  # nothing to talk about: no round, no bytes
-        if if_changed and self.step_count == self._shared_at:
+        if if_changed and self.step_count == self._last_round_step:
             return
         expected = self.comm.world_size
         taking_part = True
@@ -243,41 +315,106 @@ class PeriodicAverager:
             expected = self.participants
             chosen = sample_participants(self.comm.world_size, self.participants, self.rounds, self.participation_seed)
             taking_part = self.comm.rank in chosen
-        if taking_part and not self._all_finite():
+        if taking_part and not self._prepare(expected):
             if not self.skip_nonfinite:
                 raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {self.rounds + 1}")
             taking_part = False
             self.nonfinite_rounds += 1
-        for b in self._buckets:
-            if not taking_part:
-                b.flat.zero_()  # 0·NaN is NaN: a left-out worker must contribute true zeros
-            b.weight.fill_(1.0 if taking_part else 0.0)
-        chunks = [c for b in self._buckets for c in b.chunks]
-        # Division (not multiplication by 1/K) keeps the weight slot exact: K/K is 1.
-        self._collective("model averaging", lambda: self.comm.all_reduce(chunks, then=lambda c: c.div_(expected)))
-        share = float(self._buckets[0].weight)  # the workers that took part, over K
-        if share == 0.0:
-            raise NonFiniteError(f"averaging round {self.rounds + 1}: no worker had finite parameters")
-        if share != 1.0:
+        if not taking_part:
             for b in self._buckets:
-                b.values.div_(share)
+                b.sent.zero_()  # 0·NaN is NaN: a left-out worker must contribute true zeros
+        self._weight.fill_(1.0 if taking_part else 0.0)
+        pieces = [(b, lo, hi) for b in self._buckets for lo, hi in b.ranges(self._chunk_numel(b))]
+        tensors = [self._weight] + [b.sent[lo:hi] for b, lo, hi in pieces]
+        arrived = iter([None] + pieces)
+        total = [0.0]
+
+        def on_arrival(t: torch.Tensor) -> None:
+            piece = next(arrived)
+            if piece is None:
+                total[0] = float(t)  # the weight goes first: the rescaling is known for every piece
+            elif total[0] > 0:
+                self._finish_piece(*piece, total[0], expected)
+
+        self._collective("model averaging", lambda: self.comm.all_reduce(tensors, then=on_arrival))
+        if total[0] == 0.0:
+            raise NonFiniteError(f"averaging round {self.rounds + 1}: no worker had finite parameters")
+        if self.outer is not None and not self.outer.blockwise:
+            with_params = [b for b in self._buckets if b.n_params]
+            self.outer.apply_all([b.values[: b.n_params] for b in with_params])
         self.rounds += 1
-        self.bytes_communicated += sum(b.nbytes for b in self._buckets)
-        self._shared_at = self.step_count
+        self.bytes_communicated += sum(t.numel() * t.element_size() for t in tensors)
+        self._last_round_step = self.step_count
         self._sync_optimizer_state()
 
-    def _all_finite(self) -> bool:
-        """Whether every averaged value is finite, in one read-only pass.
+    def _chunk_numel(self, bucket: _FlatBucket) -> int | None:
+        return None if self.chunk_bytes is None else self.chunk_bytes // bucket.sent.element_size()
 
-        A sum is finite only if every term is (NaN and ±inf propagate), so one ``sum`` per
-        bucket decides the common case; only a non-finite sum, which finite values can also give
-        by overflowing, needs the exact, slower ``isfinite`` check (five passes on the CPU).
-        """
+    def _prepare(self, expected: int) -> bool:
+        """Fill what this worker sends (scaled by 1/expected); return whether it is all finite."""
+        found = self._found.zero_()
         for b in self._buckets:
-            total = b.values.sum(dtype=torch.float64 if b.values.dtype == torch.float64 else torch.float32)
-            if not bool(torch.isfinite(total)) and not bool(torch.isfinite(b.values).all()):
-                return False
-        return True
+            # Float64 values are divided after the sum instead: the kernel's scale is float32,
+            # and 1/3 in float32 is not exact enough for float64 averages.
+            exact = b.values.dtype == torch.float64
+            inv = torch.full((1,), 1.0 if exact else 1.0 / expected, dtype=torch.float32, device=b.values.device)
+            if b.wire is None:
+                torch._amp_foreach_non_finite_check_and_unscale_([b.values], found, inv)
+                continue
+            scratch = torch.empty(min(BLOCK_NUMEL, b.values.numel()), dtype=b.values.dtype, device=b.values.device)
+            for lo in range(0, b.values.numel(), BLOCK_NUMEL):
+                hi = min(lo + BLOCK_NUMEL, b.values.numel())
+                delta = torch.sub(b.values[lo:hi], b.anchor[lo:hi], out=scratch[: hi - lo])
+                delta.mul_(1.0 if exact else 1.0 / expected)
+                wire = b.wire[lo:hi]
+                wire.copy_(delta)
+                # Checked after rounding: a delta beyond fp16's range becomes Inf here.
+                torch._amp_foreach_non_finite_check_and_unscale_([wire], found, torch.ones(1, dtype=torch.float32, device=wire.device))
+        return not bool(found)
+
+    def _finish_piece(self, b: _FlatBucket, lo: int, hi: int, total: float, expected: int) -> None:
+        """The received sum of ``b``'s elements [lo, hi) becomes the average (and, with an anchor,
+        the outer step's result and the new anchor), block by block. ``total``: the weight sum."""
+        exact = b.values.dtype == torch.float64
+        rescale = expected / total
+        index = sum(1 for other in self._buckets[: self._buckets.index(b)] if other.n_params)
+        for start in range(lo, hi, BLOCK_NUMEL):
+            end = min(start + BLOCK_NUMEL, hi)
+            values = b.values[start:end]
+            if b.wire is not None:
+                values.copy_(b.wire[start:end])  # decode: the sum of the scaled changes
+            if exact:
+                values.div_(total)
+            elif rescale != 1.0:
+                values.mul_(rescale)
+            if b.anchor is None:
+                continue
+            anchor = b.anchor[start:end]
+            if b.wire is not None:
+                values.add_(anchor)  # x̄ = a + mean change
+            split = min(max(b.n_params - start, 0), end - start)  # parameters first, then buffers
+            if self.outer is not None and split:
+                if self.outer.blockwise:
+                    self.outer.apply(index, start, values[:split], anchor[:split])
+                # else the outer step reads the parameters' anchor after the transport
+                anchor[split:].copy_(values[split:])
+                continue
+            anchor.copy_(values)
+
+    @torch.no_grad()
+    def average_buffers_only(self) -> None:
+        """Average only the floating-point buffers (for algorithms whose parameters are already
+        identical everywhere, like naive parallel clipping); a round only if there are any."""
+        tensors = [b.values[b.n_params :] for b in self._buckets if b.values.numel() > b.n_params]
+        if self.comm.world_size == 1 or not tensors:
+            return
+        k = self.comm.world_size
+        self._collective("buffer averaging", lambda: self.comm.all_reduce(tensors, then=lambda t: t.div_(k)))
+        for b in self._buckets:
+            if b.anchor is not None:
+                b.anchor[b.n_params :].copy_(b.values[b.n_params :])
+        self.rounds += 1
+        self.bytes_communicated += sum(t.numel() * t.element_size() for t in tensors)
 
     def _sync_optimizer_state(self) -> None:
         if self.optimizer_state == "local":
@@ -301,9 +438,16 @@ class PeriodicAverager:
 
     @property
     def flat_buffers(self) -> Sequence[torch.Tensor]:
-        return [b.flat for b in self._buckets]
+        return [b.values for b in self._buckets]
+
+    @property
+    def anchor_numel(self) -> int:
+        """Elements of the anchor copy (0 without compression and outer optimizer)."""
+        return sum(b.anchor.numel() for b in self._buckets if b.anchor is not None)
 
     def state_dict(self) -> dict:
+        """Counters, and with an anchor the anchor and the outer optimizer's state (a resume
+        mid-period needs both to take the same next round)."""
         return {
             "period": self.period,
             "warmup_steps": self.warmup_steps,
@@ -311,21 +455,38 @@ class PeriodicAverager:
             "rounds": self.rounds,
             "bytes_communicated": self.bytes_communicated,
             "nonfinite_rounds": self.nonfinite_rounds,
-            "shared_at": self._shared_at,
+            "last_round_step": self._last_round_step,
+            "compression": self.compression,
+            "outer": None if self.outer is None else self.outer.state_dict(),
+            "anchors": [None if b.anchor is None else b.anchor.clone() for b in self._buckets],
         }
 
     def load_state_dict(self, state: dict) -> None:
+        # Every check before any change: a refused checkpoint leaves the averager as it was.
         if state["period"] != self.period:
             raise ValueError(f"Checkpoint period {state['period']} differs from this averager's period {self.period}")
+        compression = state.get("compression", "none")
+        if compression != self.compression:
+            raise ValueError(f"Checkpoint compression {compression!r} differs from this averager's {self.compression!r}")
+        saved_outer = state.get("outer")
+        ours = None if self.outer is None else self.outer.kind
+        theirs = None if saved_outer is None else saved_outer.get("kind")
+        if ours != theirs:
+            raise ValueError(f"Checkpoint outer optimizer {theirs or 'none'!r} differs from this run's {ours or 'none'!r}")
+        if self.outer is not None:
+            self.outer.load_state_dict(saved_outer)
+        for b, anchor in zip(self._buckets, state.get("anchors") or [None] * len(self._buckets)):
+            if b.anchor is not None and anchor is not None:
+                b.anchor.copy_(anchor)
         self.warmup_steps = state["warmup_steps"]
         self.step_count = state["step_count"]
         self.rounds = state["rounds"]
         self.bytes_communicated = state["bytes_communicated"]
         self.nonfinite_rounds = state.get("nonfinite_rounds", 0)
-        self._shared_at = state.get("shared_at", -1)  # older checkpoints: unknown, so the next average() communicates
+        self._last_round_step = state.get("last_round_step", -1)
 
     def __repr__(self) -> str:
         return (
             f"PeriodicAverager(period={self.period}, numel={self.numel}, world_size={self.comm.world_size}, "
-            f"rounds={self.rounds})"
+            f"rounds={self.rounds}, compression={self.compression!r}, outer={self.outer!r})"
         )

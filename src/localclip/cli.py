@@ -51,13 +51,17 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("recipe", help="a recipe name (see `localclip recipes`)")
     train.add_argument("--workers", type=_positive_int("--workers"), help="number of workers N")
     train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group")
-    train.add_argument("--algorithm", choices=["celgc", "naive", "local-sgd", "single"])
+    train.add_argument("--algorithm", choices=["celgc", "naive", "local-sgd", "single", "episode"])
     train.add_argument("--period", type=_positive_int("--period"), help="communication period I")
     train.add_argument("--epochs", type=_positive_float("--epochs"))
     train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker")
     train.add_argument("--lr", type=_positive_float("--lr"), help="step size η")
     train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help="clipping parameter γ (inf: no clipping)")
     train.add_argument("--seed", type=int)
+    train.add_argument("--outer-optimizer", help="none | sgd | nesterov: an outer step on the average at each round (DiLoCo)")
+    train.add_argument("--outer-lr", type=float, help="outer step size (default 0.7)")
+    train.add_argument("--outer-momentum", type=float, help="outer momentum in [0, 1) (default 0.9)")
+    train.add_argument("--compression", help="none | bf16 | fp16: send each round's change since the last round in 2 bytes")
     train.add_argument("--data-root", help="folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones")
     train.add_argument("--out", help="run folder (default: runs/RECIPE-ALGORITHM-nN-iI-sSEED)")
@@ -121,6 +125,8 @@ def _train(args) -> int:
     flags = {
         "workers": args.workers, "algorithm": args.algorithm, "period": args.period, "epochs": args.epochs,
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
+        "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+        "compression": args.compression,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     if args.allow_custom_corpus:

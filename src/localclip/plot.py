@@ -44,7 +44,7 @@ def load_run(folder: str | Path) -> dict:
         raise PlotError(f"{folder} has no training records yet")
     algo = config.get("algorithm", "?")
     label = f"{algo} N={config.get('workers', '?')}"
-    if algo in ("celgc", "local-sgd"):
+    if algo in ("celgc", "local-sgd", "episode"):
         label += f" I={config.get('period', '?')}"
     if config.get("heterogeneous"):
         label += " hetero"

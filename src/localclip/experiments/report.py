@@ -89,7 +89,7 @@ def _row(run: str, data: dict) -> dict:
         "run": run,
         "algorithm": algorithm,
         "N": c.get("workers"),
-        "I": c.get("period") if algorithm in ("celgc", "local-sgd") and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
+        "I": c.get("period") if algorithm in ("celgc", "local-sgd", "episode") and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
         "epochs": s.get("epochs"),
         "steps": s.get("steps"),
         f"val/{metric}": s.get(f"val/{metric}"),

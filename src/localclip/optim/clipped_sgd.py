@@ -226,12 +226,14 @@ class ClippedSGD(torch.optim.Optimizer):
 
 
 def grad_norm(grads: list[Tensor]) -> Tensor:
-    """The L2 norm of all ``grads`` as one vector, as a 0-dim float32 tensor (no host sync)."""
+    """The L2 norm of all ``grads`` as one vector, as a 0-dim tensor (no host sync): float64
+    if any gradient is float64, else float32."""
+    acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
     if grads[0].device.type == "cpu":
         # On the CPU a BLAS dot product per tensor is about twice as fast as _foreach_norm.
-        sq = torch.stack([torch.dot(g.reshape(-1), g.reshape(-1)).float() for g in grads])
+        sq = torch.stack([torch.dot(g.reshape(-1), g.reshape(-1)).to(acc) for g in grads])
         return sq.sum().sqrt()
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+    return torch.linalg.vector_norm(torch.stack([n.to(acc) for n in torch._foreach_norm(grads)]))
 
 
 def clipped_step_size(lr: float, gamma: float, norm: Tensor | None) -> Tensor | float:

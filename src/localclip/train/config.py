@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 
 from localclip.errors import ConfigError
 
-__all__ = ["TrainConfig", "ALGORITHMS", "apply_overrides", "config_from_dict"]
+__all__ = ["TrainConfig", "ALGORITHMS", "PERIODIC_ALGORITHMS", "apply_overrides", "config_from_dict"]
 
-ALGORITHMS = ("celgc", "naive", "local-sgd", "single")
+ALGORITHMS = ("celgc", "naive", "local-sgd", "single", "episode")
+PERIODIC_ALGORITHMS = ("celgc", "local-sgd", "episode")  # those that average models every period
+OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")  # as localclip.outer.OUTER_OPTIMIZERS
+COMPRESSIONS = ("none", "bf16", "fp16")  # as localclip.averaging.COMPRESSIONS
 
 
 @dataclass
@@ -36,11 +39,12 @@ class TrainConfig:
     # -- algorithm --
     algorithm: str = "celgc"
     """``celgc``, ``naive`` (gradients averaged every step, then clipped), ``local-sgd`` (CELGC
-    with γ = ∞) or ``single`` (one worker)."""
+    with γ = ∞), ``single`` (one worker) or ``episode`` (EPISODE: CELGC's rounds with corrected
+    local gradients and one clip decision per round)."""
     workers: int = 4
     """N, the number of workers (``single`` forces 1)."""
     period: int = 8
-    """I, the communication period in local steps (``celgc`` and ``local-sgd``)."""
+    """I, the communication period in local steps (``celgc``, ``local-sgd``, ``episode``)."""
     lr: float = 20.0
     """η, the step size."""
     gamma: float = 5.0
@@ -55,6 +59,16 @@ class TrainConfig:
     """What happens to momentum buffers at a round: ``local``, ``average`` or ``reset``."""
     average_buffers: bool = True
     """Average floating-point buffers (BatchNorm statistics) with the parameters."""
+    outer_optimizer: str = "none"
+    """What a round does with the average: ``none`` (take it), or an outer step on the model as
+    of the last round with pseudo-gradient (anchor − average): ``sgd`` or ``nesterov`` (DiLoCo)."""
+    outer_lr: float = 0.7
+    """The outer step size (with ``outer_optimizer`` sgd/nesterov; DiLoCo's 0.7)."""
+    outer_momentum: float = 0.9
+    """The outer momentum in [0, 1) (DiLoCo's 0.9; ``nesterov`` needs > 0)."""
+    compression: str = "none"
+    """How a round sends the models: ``none`` (float32), or the change since the last round as
+    ``bf16`` or ``fp16`` (half the bytes)."""
 
     # -- schedule --
     epochs: float = 1.0
@@ -146,8 +160,23 @@ class TrainConfig:
         if self.optimizer_state not in ("local", "average", "reset"):
             bad("optimizer_state", "expected local, average or reset")
         if self.participants is not None and self.algorithm in ("naive", "single"):
-            bad("participants", f"partial participation applies to celgc and local-sgd, not {self.algorithm}")
-        if self.eval_interval and self.algorithm in ("celgc", "local-sgd") and self.eval_interval % self.period:
+            bad("participants", f"partial participation applies to {', '.join(PERIODIC_ALGORITHMS)}, not {self.algorithm}")
+        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+            bad("outer_optimizer", f"expected one of {', '.join(OUTER_OPTIMIZERS)}")
+        if isinstance(self.outer_lr, bool) or not isinstance(self.outer_lr, (int, float)) or not (self.outer_lr > 0 and math.isfinite(self.outer_lr)):
+            bad("outer_lr", "must be a positive number")
+        if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) or not 0 <= self.outer_momentum < 1:
+            bad("outer_momentum", "must be in [0, 1)")
+        if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
+            bad("outer_momentum", "outer_optimizer=nesterov needs outer_momentum > 0")
+        if self.compression not in COMPRESSIONS:
+            bad("compression", f"expected one of {', '.join(COMPRESSIONS)}")
+        for name, off in (("outer_optimizer", "none"), ("compression", "none")):
+            if getattr(self, name) != off and self.algorithm in ("naive", "single"):
+                bad(name, f"applies to the model-averaging algorithms ({', '.join(PERIODIC_ALGORITHMS)}), not {self.algorithm}")
+        if self.algorithm == "episode" and self.clip_mode != "local":
+            bad("clip_mode", "EPISODE has its own clip rule (one decision per round from the mean gradient's norm); use clip_mode=local")
+        if self.eval_interval and self.algorithm in PERIODIC_ALGORITHMS and self.eval_interval % self.period:
             # Evaluations score the averaged model, which exists only at the end of a period.
             bad("eval_interval", f"must be a multiple of period={self.period}")
         if self.eval_interval < 0 or self.asgd_patience < 0:

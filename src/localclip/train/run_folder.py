@@ -97,6 +97,8 @@ class RunFolder:
             return None
         saved = json.loads(self.config_path.read_text())
         new = json.loads(config_json)
+        # A field added after the run started ran at its default.
+        saved = {**{k: v for k, v in _config_defaults().items() if k in new}, **saved}
         if saved.get("workers") != new.get("workers"):
             raise RunFolderError(
                 f"--resume with {new.get('workers')} workers, but the run in {self.path} was started with {saved.get('workers')}"
@@ -187,3 +189,9 @@ class RunFolder:
             raise RunFolderError(f"rank {rank}: checkpoint file {path} is missing") from None
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
             raise RunFolderError(f"rank {rank}: cannot read checkpoint {path}: {exc}") from exc
+
+
+def _config_defaults() -> dict:
+    from localclip.train.config import TrainConfig
+
+    return json.loads(TrainConfig().to_json())

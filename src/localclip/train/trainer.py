@@ -16,7 +16,8 @@ import time
 import torch
 
 from localclip import rng
-from localclip.algorithm import CELGC, NaiveParallelClipping
+from localclip.algorithms import CELGC, EPISODE, NaiveParallelClipping
+from localclip.outer import OuterSGD
 from localclip.comm import current
 from localclip.errors import ConfigError, NonFiniteError
 from localclip.train.config import TrainConfig
@@ -34,9 +35,13 @@ def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
     )
     if config.algorithm == "naive":
         return NaiveParallelClipping(model, config.lr, config.gamma, **common)
-    return CELGC(
+    outer = None
+    if config.outer_optimizer != "none":
+        outer = OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
+    return (EPISODE if config.algorithm == "episode" else CELGC)(
         model, config.lr, config.gamma, config.period, clip_mode=config.clip_mode,
-        participants=config.participants, participation_seed=config.seed, **common,
+        participants=config.participants, participation_seed=config.seed,
+        outer_optimizer=outer, compression=config.compression, **common,
     )
 
 

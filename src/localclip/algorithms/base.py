@@ -1,0 +1,118 @@
+"""What every algorithm shares: the optimizer facade over a ClippedSGD and its averager.
+
+:class:`DistributedAlgorithm` composes a :class:`~localclip.optim.ClippedSGD` (the local update)
+with a :class:`~localclip.averaging.PeriodicAverager`, exposes the inner optimizer's
+``param_groups`` (so PyTorch's lr schedulers drive it unchanged), counts the communication the
+algorithm adds beyond the averager, and checkpoints both. The algorithms themselves live one per
+module beside this one (:mod:`.celgc`, :mod:`.naive`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from localclip.averaging import PeriodicAverager
+from localclip.comm import Communicator, current
+from localclip.errors import CommunicationError
+from localclip.optim import ClippedSGD
+
+__all__ = ["DistributedAlgorithm", "flat_grads"]
+
+
+class DistributedAlgorithm(torch.optim.Optimizer):
+    """Shared plumbing: an optimizer facade over ``self.optimizer`` plus communication counters.
+
+    Like ``torch.distributed.optim.PostLocalSGDOptimizer`` it does not call
+    ``Optimizer.__init__``: ``param_groups``, ``state`` and ``defaults`` are the inner
+    optimizer's, so schedulers and ``GammaFollowsLR`` act on the real hyperparameters.
+    """
+
+    optimizer: ClippedSGD
+    averager: PeriodicAverager
+    comm: Communicator
+
+    def _compose(self, module: nn.Module, period: int, group, averager_options: dict, **optimizer_options) -> None:
+        """Build the ClippedSGD over ``module``'s trainable parameters and its averager."""
+        self.comm = group if group is not None else current()
+        params = [p for p in module.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
+        optimizer = ClippedSGD(params, **optimizer_options)
+        # The averager re-homes the parameters into flat buffers; the optimizer holds the same
+        # Parameter objects, so it follows.
+        self.averager = PeriodicAverager(module, period, group=self.comm, optimizer=optimizer, **averager_options)
+        self._init_facade(optimizer)
+
+    def _init_facade(self, optimizer: ClippedSGD) -> None:
+        self.optimizer = optimizer
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        self.defaults = optimizer.defaults
+        self._extra_bytes = 0
+        self._extra_reductions = 0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise NotImplementedError(f"{type(self).__name__} averages a fixed module; build it with all parameters")
+
+    def average(self) -> None:
+        """Average the models now (end of an epoch, before evaluation).
+
+        Only a round that communicates something the workers do not already share is taken and
+        counted: right after a round (the last step ended a period) this does nothing.
+        """
+        if not self.averager.in_sync:
+            self.averager.average()
+
+    # -- statistics ----------------------------------------------------------------------------
+
+    @property
+    def rounds(self) -> int:
+        """Communication rounds: collectives issued (model averages and gradient all-reduces)."""
+        return self.averager.rounds + self._extra_reductions
+
+    @property
+    def bytes_communicated(self) -> int:
+        """Payload bytes this worker has all-reduced (models, gradients, momentum)."""
+        return self.averager.bytes_communicated + self._extra_bytes
+
+    @property
+    def clip_fraction(self) -> torch.Tensor:
+        return self.optimizer.clip_fraction
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "averager": self.averager.state_dict(),
+            "extra_bytes": self._extra_bytes,
+            "extra_reductions": self._extra_reductions,
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.averager.load_state_dict(state_dict["averager"])
+        self._extra_bytes = state_dict["extra_bytes"]
+        self._extra_reductions = state_dict["extra_reductions"]
+
+    def _reduce_mean(self, tensors: list[torch.Tensor], what: str) -> None:
+        try:
+            self.comm.all_reduce(tensors)
+        except CommunicationError as exc:
+            raise CommunicationError(f"{what} at step {self.optimizer.steps + 1}: {exc}") from exc
+        torch._foreach_div_(tensors, self.comm.world_size)
+        self._extra_reductions += 1
+        self._extra_bytes += sum(t.numel() * t.element_size() for t in tensors)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.optimizer!r}, {self.averager!r})"
+
+
+def flat_grads(params) -> tuple[list[torch.nn.Parameter], torch.Tensor]:
+    """The parameters that have a gradient, and their gradients concatenated into one new tensor."""
+    with_grad = [p for p in params if p.grad is not None]
+    return with_grad, torch.cat([p.grad.reshape(-1) for p in with_grad])
