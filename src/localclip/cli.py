@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker")
     train.add_argument("--lr", type=_positive_float("--lr"), help="step size η")
     train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help="clipping parameter γ (inf: no clipping)")
+    train.add_argument("--inner-optimizer", choices=["clipped_sgd", "adamw"], help="the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW)")
     train.add_argument("--seed", type=int)
     train.add_argument("--data-root", help="folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones")
@@ -121,6 +122,7 @@ def _train(args) -> int:
     flags = {
         "workers": args.workers, "algorithm": args.algorithm, "period": args.period, "epochs": args.epochs,
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
+        "inner_optimizer": args.inner_optimizer,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     if args.allow_custom_corpus:

@@ -20,6 +20,7 @@ from localclip.algorithm import CELGC, NaiveParallelClipping
 from localclip.comm import current
 from localclip.errors import ConfigError, NonFiniteError
 from localclip.train.config import TrainConfig
+from localclip.train.inner import build_inner_algorithm
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
 
@@ -27,6 +28,11 @@ __all__ = ["Trainer", "run_worker", "build_algorithm", "state_hash"]
 
 
 def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
+    if config.inner_optimizer != "clipped_sgd":
+        return build_inner_algorithm(
+            config, model, comm, average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
+            skip_nonfinite=config.on_nonfinite == "skip",
+        )
     common = dict(
         momentum=config.momentum, weight_decay=config.weight_decay, group=comm,
         average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
@@ -98,7 +104,8 @@ class Trainer:
         factor = scale * self.config.lr_decay**decays
         for group in self.algorithm.param_groups:
             group["lr"] = self.config.lr * factor
-            group["gamma"] = self.config.gamma * factor
+            if "gamma" in group:  # AdamW's max_grad_norm bounds a norm, not a step: it stays
+                group["gamma"] = self.config.gamma * factor
 
     def train_step(self, batch, scale: float = 1.0) -> torch.Tensor:
         """One local step: forward, backward, and the algorithm's step (which may communicate)."""
@@ -245,7 +252,7 @@ class Trainer:
             "time/compute": t_compute / self.world_size,
             "time/comm": t_comm / self.world_size,
             "lr": group["lr"],
-            "gamma": group["gamma"],
+            "gamma": group.get("gamma"),
             "train/skipped_steps": int(skipped),
             "comm/nonfinite_rounds": int(nonfinite_rounds),
         }
