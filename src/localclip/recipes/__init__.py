@@ -19,7 +19,7 @@ __all__ = ["RECIPES", "converge_schedule", "get_recipe", "recipe"]
 RECIPES: dict[str, Callable[[], TrainConfig]] = {}
 
 # ptb-gpt-small's clipped-SGD step (chosen by the short lr scan in docs/results.md).
-LR_GPT_SMALL, GAMMA_GPT_SMALL = 1.0, 0.25
+LR_GPT_SMALL, GAMMA_GPT_SMALL = 3.0, 0.5
 
 
 def recipe(name: str):
