@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field (repeatable)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--logger", dest="loggers", action="append", choices=["tensorboard", "wandb"], help="also log to wandb (offline, into RUN/wandb) next to TensorBoard (repeatable)")
 
     recipes = sub.add_parser("recipes", help="list the recipes, one line each")
     recipes.add_argument("--fields", action="store_true", help="also list the config fields --set accepts")
@@ -125,6 +126,8 @@ def _train(args) -> int:
         "inner_optimizer": args.inner_optimizer,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    if args.loggers:
+        config = dataclasses.replace(config, loggers=list(dict.fromkeys([*config.loggers, *args.loggers])))
     if args.allow_custom_corpus:
         config = dataclasses.replace(config, allow_custom_corpus=True)
     config = apply_overrides(config, args.overrides)
@@ -135,8 +138,7 @@ def _train(args) -> int:
     summary = run_training(config, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
     if summary is not None:
         keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
-        print(f"run: {out}")
-        print("  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))
+        print(f"finished {out}: " + "  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))
     return 0
 
 

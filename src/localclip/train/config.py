@@ -115,6 +115,8 @@ class TrainConfig:
     on_nonfinite: str = "skip"
     """``skip``: a NaN/Inf gradient skips the step and a worker with NaN/Inf parameters is left
     out of the average; ``raise``: stop with an error."""
+    loggers: list = field(default_factory=lambda: ["tensorboard"])
+    """Sinks beside ``metrics.jsonl``: ``tensorboard`` (when installed), ``wandb`` (offline)."""
     data_root: str | None = None
     allow_custom_corpus: bool = False
     threads: int | None = None
@@ -154,6 +156,9 @@ class TrainConfig:
         if not self.timeout > 0:
             bad("timeout", "must be > 0 seconds")
         _validate_inner_optimizer(self, bad)
+        from localclip.train.loggers import check_loggers
+
+        check_loggers(self.loggers)
         if self.task == "lm" and self.model == "gpt":
             from localclip.models.gpt import GPTConfig, check_windows
 
@@ -172,7 +177,7 @@ class TrainConfig:
 
     def resolved(self) -> "TrainConfig":
         """The config as it will run: ``single`` means one worker, ``local-sgd`` means γ = ∞."""
-        cfg = dataclasses.replace(self, model_options=dict(self.model_options), lr_decay_epochs=list(self.lr_decay_epochs), betas=list(self.betas))
+        cfg = dataclasses.replace(self, model_options=dict(self.model_options), lr_decay_epochs=list(self.lr_decay_epochs), betas=list(self.betas), loggers=list(self.loggers))
         if cfg.algorithm == "single":
             cfg.workers = 1
             cfg.participants = None
