@@ -130,3 +130,35 @@ def test_gpt_trains_with_celgc_through_the_cli(tmp_path, inner):
     if inner == "adamw":
         assert all("gamma" not in r for r in records if "train/loss" in r)
         assert json.loads((out / "config.json").read_text())["inner_optimizer"] == "adamw"
+
+
+@needs_ptb
+def test_resume_with_adamw_after_a_kill_is_bit_identical(tmp_path):
+    """K steps straight == killed after a checkpoint, then --resume to K (GPT, clipped AdamW,
+    Adam moments averaged at rounds)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--inner-optimizer", "adamw", "--lr", "3e-3",
+            "--set", "max_grad_norm=0.5", "--set", "optimizer_state=average", "--set", "checkpoint_interval=4",
+            "--set", "model_options.dropout=0.2", "--data-root", str(SHARED), "--no-progress", *TINY]
+    assert main(["train", "ptb-gpt-small", *args, "--out", str(tmp_path / "straight")]) == 0
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "localclip.cli", "train", "ptb-gpt-small", *args, "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 120
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    assert main(["train", "ptb-gpt-small", *args, "--resume", "--out", str(out)]) == 0
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    resumed = json.loads((out / "summary.json").read_text())
+    for key in ("model/sha256", "val/ppl", "test/ppl", "val/loss", "comm/rounds", "comm/bytes", "steps"):
+        assert resumed[key] == straight[key], key
+    read = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in (p / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert read(out) == read(tmp_path / "straight")

@@ -19,8 +19,8 @@ from workers import fixed_batches, tiny_model
 
 
 def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+    with localclip.rng.seeded(seed):  # simulated workers run concurrently: no bare global draws
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
 
 
 def loss_of(model, x, y):
@@ -112,24 +112,21 @@ def test_max_grad_norm_must_be_positive(bad):
 
 
 def _adam_worker(mode):
-    torch.set_default_dtype(torch.float64)
-    try:
-        comm = current()
-        model = mlp(seed=comm.rank)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        averager = localclip.PeriodicAverager(model, period=2, optimizer=opt, optimizer_state=mode)
-        snapshots = []
-        for x, y in fixed_batches(comm.rank, 2):
-            opt.zero_grad()
-            loss_of(model, x, y).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            snapshots.append({i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(opt.state.values())})
-            synced = averager.step()
-        after = {i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(opt.state.values())}
-        return synced, snapshots[-1], after, averager.bytes_communicated, averager.numel
-    finally:
-        torch.set_default_dtype(torch.float32)
+    """Two AdamW steps with clip_grad_norm_ and a round after the second (float64: mlp() is double)."""
+    comm = current()
+    model = mlp(seed=comm.rank)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    averager = localclip.PeriodicAverager(model, period=2, optimizer=opt, optimizer_state=mode)
+    snapshots = []
+    for x, y in fixed_batches(comm.rank, 2):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        snapshots.append({i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(opt.state.values())})
+        synced = averager.step()
+    after = {i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(opt.state.values())}
+    return synced, snapshots[-1], after, averager.bytes_communicated, averager.numel
 
 
 @pytest.mark.parametrize("mode", ["local", "average", "reset"])
@@ -176,23 +173,19 @@ def test_reset_then_a_step_is_a_fresh_adam_step():
 
 
 def _celgc_adamw_worker(algorithm, steps=6):
-    torch.set_default_dtype(torch.float64)
-    try:
-        comm = current()
-        model = mlp(seed=comm.rank)
-        opt = ClippedAdamW(model.parameters(), lr=1e-2, max_grad_norm=0.5)
-        cls = NaiveParallelClipping if algorithm == "naive" else CELGC
-        alg = cls.from_optimizer(model, opt, period=3)
-        params_after_round = []
-        for i, (x, y) in enumerate(fixed_batches(comm.rank, steps)):
-            alg.zero_grad()
-            loss_of(model, x, y).backward()
-            alg.step()
-            if (i + 1) % 3 == 0:
-                params_after_round.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
-        return params_after_round, alg.rounds, float(alg.clip_fraction)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    comm = current()
+    model = mlp(seed=comm.rank)
+    opt = ClippedAdamW(model.parameters(), lr=1e-2, max_grad_norm=0.5)
+    cls = NaiveParallelClipping if algorithm == "naive" else CELGC
+    alg = cls.from_optimizer(model, opt, period=3)
+    params_after_round = []
+    for i, (x, y) in enumerate(fixed_batches(comm.rank, steps)):
+        alg.zero_grad()
+        loss_of(model, x, y).backward()
+        alg.step()
+        if (i + 1) % 3 == 0:
+            params_after_round.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
+    return params_after_round, alg.rounds, float(alg.clip_fraction)
 
 
 @pytest.mark.parametrize("algorithm", ["celgc", "naive"])

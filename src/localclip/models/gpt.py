@@ -14,8 +14,8 @@ tokens.
 
 Dropout masks are drawn from the model's ``generator`` attribute (``None``: torch's default
 generator), which the trainer sets to the worker's own generator. That is why dropout here is
-written out rather than taken from ``nn.Dropout``, ``F.dropout`` or SDPA's ``dropout_p``: none of
-them accepts a generator. Attention dropout (off by default) therefore computes the attention
+:func:`localclip.models.lm.dropout` rather than ``nn.Dropout``, ``F.dropout`` or SDPA's
+``dropout_p``: none of them accepts a generator. Attention dropout (off by default) therefore computes the attention
 weights explicitly; without it attention goes through the fused SDPA kernel.
 """
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from localclip.errors import ConfigError
-from localclip.models.lm import LMOutput, check_positive, check_probability
+from localclip.models.lm import LMOutput, check_positive, check_probability, dropout
 
 __all__ = ["GPT", "GPTConfig", "Block", "CausalSelfAttention", "check_windows"]
 
@@ -80,14 +80,6 @@ def check_windows(block_size: int, *, variable: bool = False, **lengths: int | N
             )
 
 
-def _dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None) -> Tensor:
-    """Inverted dropout whose mask comes from ``generator`` (see the module docstring)."""
-    if not training or p == 0:
-        return x
-    keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) >= p
-    return x * keep.to(x.dtype).div_(1 - p)
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention on batch-first ``[B, T, C]`` activations."""
 
@@ -108,11 +100,11 @@ class CausalSelfAttention(nn.Module):
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             weights = F.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-            y = _dropout(weights, self.attn_dropout, True, generator) @ v
+            y = dropout(weights, self.attn_dropout, True, generator) @ v
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return _dropout(self.c_proj(y), self.dropout, self.training, generator)
+        return dropout(self.c_proj(y), self.dropout, self.training, generator)
 
 
 class MLP(nn.Module):
@@ -125,7 +117,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        return _dropout(self.c_proj(F.gelu(self.c_fc(x))), self.dropout, self.training, generator)
+        return dropout(self.c_proj(F.gelu(self.c_fc(x))), self.dropout, self.training, generator)
 
 
 class Block(nn.Module):
@@ -213,7 +205,7 @@ class GPT(nn.Module):
             raise ConfigError(f"GPT context too long: {T} tokens, but block_size is {self.block_size} (lower bptt/eval_bptt or raise model_options.block_size)")
         idx = tokens.t()  # [B, T]: attention mixes along T
         pos = torch.arange(T, device=tokens.device)
-        x = _dropout(self.wte(idx) + self.wpe(pos), self.config.dropout, self.training, self.generator)
+        x = dropout(self.wte(idx) + self.wpe(pos), self.config.dropout, self.training, self.generator)
         for block in self.blocks:
             x = block(x, self.generator)
         x = self.ln_f(x)
