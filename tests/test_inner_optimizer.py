@@ -248,3 +248,20 @@ def test_cli_bad_inner_optimizer_settings_are_one_line_and_exit_2(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and match in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_run_started_before_the_new_fields_existed_still_resumes(tmp_path):
+    """config.json written before inner_optimizer/max_grad_norm/betas/loggers existed."""
+    import json
+
+    from localclip.train import RunFolder
+
+    cfg = TrainConfig().resolved()
+    old = {k: v for k, v in json.loads(cfg.to_json()).items() if k not in ("inner_optimizer", "max_grad_norm", "betas", "loggers")}
+    run = RunFolder(tmp_path / "r")
+    run.path.mkdir()
+    run.config_path.write_text(json.dumps(old))
+    assert run.prepare(cfg.to_json(), resume=True, world_size=cfg.workers) is None  # accepted, no checkpoint yet
+    changed = TrainConfig(inner_optimizer="adamw", lr=1e-3).resolved()
+    with pytest.raises(localclip.errors.RunFolderError, match="inner_optimizer: 'clipped_sgd' -> 'adamw'"):
+        run.prepare(changed.to_json(), resume=True, world_size=cfg.workers)

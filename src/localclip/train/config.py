@@ -45,7 +45,8 @@ class TrainConfig:
     lr: float = 20.0
     """η, the step size."""
     gamma: float = 5.0
-    """γ, the clipping parameter: a step is at most γ long (``inf`` disables clipping)."""
+    """γ, the clipping parameter: a step is at most γ long (``inf`` disables clipping);
+    ``clipped_sgd`` only (``adamw`` clips with ``max_grad_norm``)."""
     clip_mode: str = "local"
     """``local`` (the paper's), ``global_average``, ``max`` or ``none``."""
     momentum: float = 0.0

@@ -91,6 +91,10 @@ class RunFolder:
             return None
         saved = json.loads(self.config_path.read_text())
         new = json.loads(config_json)
+        # A field newer than the saved config was not there to set: the run used its default.
+        from localclip.train.config import TrainConfig
+
+        saved = {**json.loads(TrainConfig().to_json()), **saved}
         if saved.get("workers") != new.get("workers"):
             raise RunFolderError(
                 f"--resume with {new.get('workers')} workers, but the run in {self.path} was started with {saved.get('workers')}"
