@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from localclip.cli import main
 from localclip.errors import ConfigError
