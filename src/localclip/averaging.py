@@ -109,8 +109,9 @@ class PeriodicAverager:
         average_buffers: also average floating-point buffers (the reference averages parameters
             only; averaging BatchNorm statistics keeps the evaluated model consistent).
         optimizer: the optimizer whose state ``optimizer_state`` refers to.
-        optimizer_state: after a round, keep momentum buffers ``"local"`` (the paper's),
-            ``"average"`` them too, or ``"reset"`` them (the next step starts a fresh buffer).
+        optimizer_state: after a round, keep the optimizer's state (SGD momentum, Adam moments)
+            ``"local"`` (the default: the paper's, and DiLoCo's for AdamW), ``"average"`` it
+            too, or ``"reset"`` it (the next step starts afresh; see :meth:`_sync_optimizer_state`).
         warmup_steps: average after every one of the first ``warmup_steps`` steps.
         participants: if set to K < world size, each round only K workers, drawn by
             :func:`sample_participants` from ``participation_seed``, are averaged; every worker
@@ -417,13 +418,27 @@ class PeriodicAverager:
         self.bytes_communicated += sum(t.numel() * t.element_size() for t in tensors)
 
     def _sync_optimizer_state(self) -> None:
+        """Apply ``optimizer_state`` to the per-parameter state of any ``torch.optim`` optimizer.
+
+        The state that follows the model is every floating-point tensor shaped like its
+        parameter: SGD's ``momentum_buffer``, Adam's ``exp_avg`` and ``exp_avg_sq`` (and
+        ``max_exp_avg_sq``). Scalars such as Adam's ``step`` are the same on every worker and
+        stay. ``reset`` forgets a parameter's whole state, so the optimizer starts it afresh on
+        its next step as on its first (for Adam: new moments and a restarted bias correction,
+        not zeroed moments under an old step count, whose first update would be about
+        1/sqrt(1 - β2) times too long).
+        """
         if self.optimizer_state == "local":
             return
-        bufs = [s["momentum_buffer"] for s in self.optimizer.state.values() if s.get("momentum_buffer") is not None]
         if self.optimizer_state == "reset":
-            for s in self.optimizer.state.values():
-                s.pop("momentum_buffer", None)
-        elif bufs:
+            for p in list(self.optimizer.state):
+                del self.optimizer.state[p]
+            return
+        bufs = [
+            t for p, s in self.optimizer.state.items() for k, t in s.items()
+            if k != "step" and isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == p.shape
+        ]
+        if bufs:
             # All workers hold the same set of buffers (same params, same number of steps).
             k = self.comm.world_size
             self._collective("momentum averaging", lambda: self.comm.all_reduce(bufs, then=lambda b: b.div_(k)))

@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker")
     train.add_argument("--lr", type=_positive_float("--lr"), help="step size η")
     train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help="clipping parameter γ (inf: no clipping)")
+    train.add_argument("--inner-optimizer", choices=["clipped_sgd", "adamw"], help="the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW)")
     train.add_argument("--seed", type=int)
     train.add_argument("--outer-optimizer", help="none | sgd | nesterov: an outer step on the average at each round (DiLoCo)")
     train.add_argument("--outer-lr", type=float, help="outer step size (default 0.7)")
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field (repeatable)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--logger", dest="loggers", action="append", choices=["tensorboard", "wandb"], help="also log to wandb (offline, into RUN/wandb) next to TensorBoard (repeatable)")
 
     recipes = sub.add_parser("recipes", help="list the recipes, one line each")
     recipes.add_argument("--fields", action="store_true", help="also list the config fields --set accepts")
@@ -127,8 +129,11 @@ def _train(args) -> int:
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "compression": args.compression,
+        "inner_optimizer": args.inner_optimizer,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    if args.loggers:
+        config = dataclasses.replace(config, loggers=list(dict.fromkeys([*config.loggers, *args.loggers])))
     if args.allow_custom_corpus:
         config = dataclasses.replace(config, allow_custom_corpus=True)
     config = apply_overrides(config, args.overrides)
@@ -139,8 +144,7 @@ def _train(args) -> int:
     summary = run_training(config, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
     if summary is not None:
         keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
-        print(f"run: {out}")
-        print("  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))
+        print(f"finished {out}: " + "  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))
     return 0
 
 

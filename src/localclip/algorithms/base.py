@@ -28,7 +28,7 @@ class DistributedAlgorithm(torch.optim.Optimizer):
     optimizer's, so schedulers and ``GammaFollowsLR`` act on the real hyperparameters.
     """
 
-    optimizer: ClippedSGD
+    optimizer: torch.optim.Optimizer  # a ClippedSGD unless built with from_optimizer
     averager: PeriodicAverager
     comm: Communicator
 
@@ -38,13 +38,41 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
-        optimizer = ClippedSGD(params, **optimizer_options)
+        self._attach(module, ClippedSGD(params, **optimizer_options), period, averager_options)
+
+    # Naive parallel clipping averages gradients every step: its averager's period is always 1.
+    _fixed_period: int | None = None
+
+    def _attach(self, module: nn.Module, optimizer: torch.optim.Optimizer, period: int, averager_options: dict) -> None:
         # The averager re-homes the parameters into flat buffers; the optimizer holds the same
         # Parameter objects, so it follows.
         self.averager = PeriodicAverager(module, period, group=self.comm, optimizer=optimizer, **averager_options)
         self._init_facade(optimizer)
 
-    def _init_facade(self, optimizer: ClippedSGD) -> None:
+    @classmethod
+    def from_optimizer(cls, module: nn.Module, optimizer: torch.optim.Optimizer, period: int = 1, *, group: Communicator | None = None, **averager_options):
+        """The algorithm with ``optimizer`` (e.g. :class:`~localclip.optim.ClippedAdamW`) as the
+        local update instead of a :class:`~localclip.optim.ClippedSGD`.
+
+        ``optimizer`` must hold ``module``'s trainable parameters. Its own clipping, if any, is
+        the clipping: ``CELGC.from_optimizer(model, ClippedAdamW(..., max_grad_norm=1.0), 8)`` is
+        CELGC with a clipped AdamW step, local AdamW with ``max_grad_norm=inf``.
+        ``NaiveParallelClipping.from_optimizer`` averages the gradients before it (``period``
+        is ignored). Statistics the optimizer does not keep (``clip_fraction``) are unavailable.
+        """
+        self = cls.__new__(cls)
+        self.comm = group if group is not None else current()
+        trainable = {id(p) for p in module.parameters() if p.requires_grad}
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if not trainable:
+            raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
+        if held != trainable:
+            raise ValueError(f"Invalid optimizer: it must hold exactly the module's {len(trainable)} trainable parameters (it holds {len(held)}, {len(held & trainable)} of them the module's)")
+        self._attach(module, optimizer, cls._fixed_period or period, averager_options)
+        self._round_started = True
+        return self
+
+    def _init_facade(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
@@ -103,7 +131,7 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         try:
             self.comm.all_reduce(tensors)
         except CommunicationError as exc:
-            raise CommunicationError(f"{what} at step {self.optimizer.steps + 1}: {exc}") from exc
+            raise CommunicationError(f"{what} at step {getattr(self.optimizer, 'steps', -1) + 1}: {exc}") from exc
         torch._foreach_div_(tensors, self.comm.world_size)
         self._extra_reductions += 1
         self._extra_bytes += sum(t.numel() * t.element_size() for t in tensors)

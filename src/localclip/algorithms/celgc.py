@@ -75,7 +75,7 @@ class CELGC(DistributedAlgorithm):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.optimizer.clip_mode in ("global_average", "max") and self._round_started:
+        if getattr(self.optimizer, "clip_mode", "local") in ("global_average", "max") and self._round_started:
             self._refresh_reference_norm()
         self.optimizer.step()
         self._round_started = self.averager.step()

@@ -23,6 +23,8 @@ class NaiveParallelClipping(DistributedAlgorithm):
     epoch) averages those, and is no round at all for a model without them.
     """
 
+    _fixed_period = 1
+
     def __init__(
         self,
         module: nn.Module,

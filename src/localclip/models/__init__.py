@@ -1,7 +1,7 @@
 """The models of the paper's experiments, and a registry that builds them by name.
 
 Language models (sequence-first, returning :class:`LMOutput`): :class:`AWDLSTM` for PTB and
-WikiText-2, :class:`LSTMLM` for fast CPU runs. Image models: :func:`resnet` (CIFAR-style
+WikiText-2, :class:`LSTMLM` for fast CPU runs, :class:`GPT` (a small decoder-only transformer). Image models: :func:`resnet` (CIFAR-style
 ResNets with BatchNorm). Recipes name a model with a string and :func:`build_model` builds it,
 so configs stay plain data.
 """
@@ -14,12 +14,15 @@ from torch import nn
 
 from localclip.errors import ConfigError
 from localclip.models.awd_lstm import AWDLSTM, WeightDropLSTM
+from localclip.models.gpt import GPT, GPTConfig
 from localclip.models.lm import LMOutput, ar_tar_penalty, detach_hidden
 from localclip.models.lstm import LSTMLM
 from localclip.models.resnet import RESNET_DEPTHS, resnet
 
 __all__ = [
     "AWDLSTM",
+    "GPT",
+    "GPTConfig",
     "LSTMLM",
     "LMOutput",
     "MODELS",
@@ -43,6 +46,7 @@ def _resnet_of_depth(depth: int) -> Callable[..., nn.Module]:
 #: Model names accepted by :func:`build_model`, each mapped to its constructor.
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "awd_lstm": AWDLSTM,
+    "gpt": GPT,
     "lstm": LSTMLM,
     "resnet": resnet,
     **{f"resnet{d}": _resnet_of_depth(d) for d in RESNET_DEPTHS},

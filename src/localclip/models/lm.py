@@ -75,8 +75,11 @@ def detach_hidden(hidden: Any) -> Any:
     """Cut the autograd history of a hidden state (truncated BPTT), keeping its structure.
 
     Accepts a tensor or any nesting of tuples and lists of tensors, so one helper serves
-    ``nn.LSTM``'s ``(h, c)`` pair and the AWD-LSTM's list of per-layer pairs.
+    ``nn.LSTM``'s ``(h, c)`` pair and the AWD-LSTM's list of per-layer pairs; ``None`` (a
+    model without recurrent state, such as the GPT) stays ``None``.
     """
+    if hidden is None:
+        return None
     if isinstance(hidden, Tensor):
         return hidden.detach()
     if isinstance(hidden, (tuple, list)):

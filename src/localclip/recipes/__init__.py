@@ -18,6 +18,9 @@ __all__ = ["RECIPES", "converge_schedule", "get_recipe", "recipe"]
 
 RECIPES: dict[str, Callable[[], TrainConfig]] = {}
 
+# ptb-gpt-small's clipped-SGD step (chosen by the short lr scan in docs/results.md).
+LR_GPT_SMALL, GAMMA_GPT_SMALL = 3.0, 0.5
+
 
 def recipe(name: str):
     def register(fn):
@@ -103,6 +106,30 @@ def wt2_awd() -> TrainConfig:
     return dataclasses.replace(
         cfg, dataset="wikitext2", batch_size=10, epochs=300.0, seed=1882,
         model_options={**cfg.model_options, "dropout_h": 0.2},
+    )
+
+
+@recipe("ptb-gpt-small")
+def ptb_gpt_small() -> TrainConfig:
+    """PTB, 2-layer 128-wide GPT (1.7M params, context 64), 4 workers, I=8, clipped SGD: fits a 2-core CPU."""
+    return TrainConfig(
+        task="lm", dataset="ptb", model="gpt",
+        model_options=dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.1),
+        algorithm="celgc", workers=4, period=8, lr=LR_GPT_SMALL, gamma=GAMMA_GPT_SMALL, batch_size=8,
+        epochs=1.0, bptt=64, eval_bptt=64, eval_batch_size=10, test_batch_size=2,
+        seed=2020, log_interval=25, checkpoint_interval=200,
+    )
+
+
+@recipe("wt2-gpt")
+def wt2_gpt() -> TrainConfig:
+    """WikiText-2, 6-layer 512-wide GPT (36M params, context 256), N=8, AdamW clipped at 1.0, I=8, 20 epochs: GPU-sized."""
+    return TrainConfig(
+        task="lm", dataset="wikitext2", model="gpt",
+        model_options=dict(n_layer=6, n_head=8, n_embd=512, block_size=256, dropout=0.2),
+        algorithm="celgc", workers=8, period=8, inner_optimizer="adamw", lr=6e-4, betas=[0.9, 0.95],
+        weight_decay=0.1, max_grad_norm=1.0, batch_size=16, epochs=20.0, bptt=256, eval_bptt=256,
+        eval_batch_size=10, test_batch_size=10, seed=1882, log_interval=50, checkpoint_interval=1000,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from localclip.errors import ConfigError
 
-__all__ = ["TrainConfig", "ALGORITHMS", "PERIODIC_ALGORITHMS", "apply_overrides", "config_from_dict"]
+__all__ = ["TrainConfig", "ALGORITHMS", "INNER_OPTIMIZERS", "PERIODIC_ALGORITHMS", "apply_overrides", "config_from_dict"]
 
 ALGORITHMS = ("celgc", "naive", "local-sgd", "single", "episode")
 PERIODIC_ALGORITHMS = ("celgc", "local-sgd", "episode")  # those that average models every period
@@ -32,7 +32,8 @@ class TrainConfig:
     dataset: str = "ptb"
     """``ptb`` or ``wikitext2`` for ``lm``; ``fashion-mnist`` or ``cifar10`` for ``image``."""
     model: str = "lstm"
-    """``lstm`` (small LSTM), ``awd_lstm``, or ``resnetD`` (D in 8, 14, 20, 32, 44, 56)."""
+    """``lstm`` (small LSTM), ``awd_lstm``, ``gpt`` (small transformer), or ``resnetD`` (D in 8,
+    14, 20, 32, 44, 56)."""
     model_options: dict = field(default_factory=dict)
     """Keyword arguments of the model constructor (sizes, dropouts, tying)."""
 
@@ -48,7 +49,8 @@ class TrainConfig:
     lr: float = 20.0
     """η, the step size."""
     gamma: float = 5.0
-    """γ, the clipping parameter: a step is at most γ long (``inf`` disables clipping)."""
+    """γ, the clipping parameter: a step is at most γ long (``inf`` disables clipping);
+    ``clipped_sgd`` only (``adamw`` clips with ``max_grad_norm``)."""
     clip_mode: str = "local"
     """``local`` (the paper's), ``global_average``, ``max`` or ``none``."""
     momentum: float = 0.0
@@ -56,7 +58,16 @@ class TrainConfig:
     batch_size: int = 5
     """b, the per-worker batch size (the global batch is N·b)."""
     optimizer_state: str = "local"
-    """What happens to momentum buffers at a round: ``local``, ``average`` or ``reset``."""
+    """What happens to the inner optimizer's state (SGD momentum, Adam moments) at a round:
+    ``local`` (kept per worker, the paper's and DiLoCo's default), ``average`` or ``reset``."""
+    inner_optimizer: str = "clipped_sgd"
+    """The local update: ``clipped_sgd`` (CELGC's, with ``lr``/``gamma``/``momentum``) or
+    ``adamw`` (clip the local gradient's norm to ``max_grad_norm``, then an AdamW step with
+    ``lr``, ``betas``, ``weight_decay``); see :mod:`localclip.train.inner`."""
+    max_grad_norm: float = math.inf
+    """``adamw``: the bound on the local gradient's norm (``inf``: no clipping)."""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """``adamw``: Adam's (β1, β2)."""
     average_buffers: bool = True
     """Average floating-point buffers (BatchNorm statistics) with the parameters."""
     outer_optimizer: str = "none"
@@ -119,6 +130,8 @@ class TrainConfig:
     on_nonfinite: str = "skip"
     """``skip``: a NaN/Inf gradient skips the step and a worker with NaN/Inf parameters is left
     out of the average; ``raise``: stop with an error."""
+    loggers: list = field(default_factory=lambda: ["tensorboard"])
+    """Sinks beside ``metrics.jsonl``: ``tensorboard`` (when installed), ``wandb`` (offline)."""
     data_root: str | None = None
     allow_custom_corpus: bool = False
     threads: int | None = None
@@ -157,6 +170,15 @@ class TrainConfig:
             bad("on_nonfinite", "expected skip or raise")
         if not self.timeout > 0:
             bad("timeout", "must be > 0 seconds")
+        _validate_inner_optimizer(self, bad)
+        from localclip.train.loggers import check_loggers
+
+        check_loggers(self.loggers)
+        if self.task == "lm" and self.model == "gpt":
+            from localclip.models.gpt import GPTConfig, check_windows
+
+            block_size = self.model_options.get("block_size", GPTConfig.block_size)
+            check_windows(block_size, variable=self.variable_bptt, bptt=self.bptt, eval_bptt=self.eval_bptt)
         if self.optimizer_state not in ("local", "average", "reset"):
             bad("optimizer_state", "expected local, average or reset")
         if self.participants is not None and self.algorithm in ("naive", "single"):
@@ -185,12 +207,14 @@ class TrainConfig:
 
     def resolved(self) -> "TrainConfig":
         """The config as it will run: ``single`` means one worker, ``local-sgd`` means γ = ∞."""
-        cfg = dataclasses.replace(self, model_options=dict(self.model_options), lr_decay_epochs=list(self.lr_decay_epochs))
+        cfg = dataclasses.replace(self, model_options=dict(self.model_options), lr_decay_epochs=list(self.lr_decay_epochs), betas=list(self.betas), loggers=list(self.loggers))
         if cfg.algorithm == "single":
             cfg.workers = 1
             cfg.participants = None
         if cfg.algorithm == "local-sgd":
+            # Local SGD is the unclipped local update, whichever optimizer makes it.
             cfg.gamma = math.inf
+            cfg.max_grad_norm = math.inf
         return cfg.validate()
 
     def to_dict(self) -> dict:
@@ -199,6 +223,23 @@ class TrainConfig:
     def to_json(self) -> str:
         # json writes inf as Infinity, which Python's json reads back.
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+INNER_OPTIMIZERS = ("clipped_sgd", "adamw")
+
+
+def _validate_inner_optimizer(cfg: TrainConfig, bad) -> None:
+    if cfg.inner_optimizer not in INNER_OPTIMIZERS:
+        bad("inner_optimizer", f"expected one of {', '.join(INNER_OPTIMIZERS)}")
+    if isinstance(cfg.max_grad_norm, bool) or not isinstance(cfg.max_grad_norm, (int, float)) or not cfg.max_grad_norm > 0:
+        bad("max_grad_norm", "must be > 0; inf disables clipping")
+    if not (isinstance(cfg.betas, (list, tuple)) and len(cfg.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.betas)):
+        bad("betas", "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+    if cfg.inner_optimizer == "adamw":
+        if cfg.momentum:
+            bad("momentum", "applies to clipped_sgd; AdamW's momentum is betas[0]")
+        if cfg.clip_mode != "local":
+            bad("clip_mode", "adamw clips each worker's own gradient (local); global modes need clipped_sgd")
 
 
 def _fields() -> dict[str, dataclasses.Field]:

@@ -8,6 +8,7 @@ Layout::
     RUN/checkpoints/latest.json         {"step": S, "world_size": N}: the newest complete set
     RUN/checkpoints/step-S/rank-R.pt    one file per worker
     RUN/tensorboard/          the same records as TensorBoard events, when tensorboard is installed
+    RUN/wandb/                an offline Weights & Biases run, with ``--logger wandb``
 
 Every file is written to a temporary name and renamed into place, and ``latest.json`` moves only
 after every worker's file of that step exists, so a crash at any moment leaves the previous
@@ -24,17 +25,9 @@ from pathlib import Path
 import torch
 
 from localclip.errors import RunFolderError
+from localclip.train.loggers import open_sinks
 
 __all__ = ["RunFolder", "atomic_write_text", "atomic_torch_save"]
-
-
-def _tensorboard_writer(folder: Path):
-    """A TensorBoard writer when the ``tensorboard`` package is installed, else None."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(log_dir=str(folder))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -55,14 +48,15 @@ def atomic_torch_save(obj, path: Path) -> None:
 class RunFolder:
     """One training run's folder on disk."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, loggers=("tensorboard",)):
         self.path = Path(path)
+        self.loggers = tuple(loggers)  # sinks beside metrics.jsonl (localclip.train.loggers)
         self.config_path = self.path / "config.json"
         self.metrics_path = self.path / "metrics.jsonl"
         self.summary_path = self.path / "summary.json"
         self.checkpoints = self.path / "checkpoints"
         self._metrics = None
-        self._tensorboard = None
+        self._sinks: list = []
 
     # -- state of the folder -------------------------------------------------------------------
 
@@ -103,7 +97,7 @@ class RunFolder:
             raise RunFolderError(
                 f"--resume with {new.get('workers')} workers, but the run in {self.path} was started with {saved.get('workers')}"
             )
-        ignorable = {"max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval"}
+        ignorable = {"max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "loggers"}
         differ = sorted(k for k in set(saved) | set(new) if k not in ignorable and saved.get(k) != new.get(k))
         if differ:
             detail = ", ".join(f"{k}: {saved.get(k)!r} -> {new.get(k)!r}" for k in differ)
@@ -140,14 +134,11 @@ class RunFolder:
     def log(self, record: dict) -> None:
         if self._metrics is None:
             self._metrics = open(self.metrics_path, "a", encoding="utf-8")
-            self._tensorboard = _tensorboard_writer(self.path / "tensorboard")
+            self._sinks = open_sinks(self.loggers, self.path)
         self._metrics.write(json.dumps(record, sort_keys=True) + "\n")
         self._metrics.flush()
-        if self._tensorboard is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "final"):
-                    self._tensorboard.add_scalar(key, value, record["step"])
-            self._tensorboard.flush()
+        for sink in self._sinks:
+            sink.log(record)
 
     def finish(self, summary: dict) -> None:
         self.close()
@@ -157,9 +148,9 @@ class RunFolder:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []
 
     # -- checkpoints ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from localclip.outer import OuterSGD
 from localclip.comm import current
 from localclip.errors import ConfigError, NonFiniteError
 from localclip.train.config import TrainConfig
+from localclip.train.inner import build_inner_algorithm
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
 
@@ -28,6 +29,11 @@ __all__ = ["Trainer", "run_worker", "build_algorithm", "state_hash"]
 
 
 def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
+    if config.inner_optimizer != "clipped_sgd":
+        return build_inner_algorithm(
+            config, model, comm, average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
+            skip_nonfinite=config.on_nonfinite == "skip",
+        )
     common = dict(
         momentum=config.momentum, weight_decay=config.weight_decay, group=comm,
         average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
@@ -103,7 +109,8 @@ class Trainer:
         factor = scale * self.config.lr_decay**decays
         for group in self.algorithm.param_groups:
             group["lr"] = self.config.lr * factor
-            group["gamma"] = self.config.gamma * factor
+            if "gamma" in group:  # AdamW's max_grad_norm bounds a norm, not a step: it stays
+                group["gamma"] = self.config.gamma * factor
 
     def train_step(self, batch, scale: float = 1.0) -> torch.Tensor:
         """One local step: forward, backward, and the algorithm's step (which may communicate)."""
@@ -139,9 +146,14 @@ class Trainer:
         for epoch in range(first_epoch, self.num_epochs):
             self.epoch = epoch
             num_batches = self.workload.start_epoch(epoch)
+            if bar is not None and bar.total is None:
+                bar.total = self._planned_steps(num_batches)  # known once an epoch's batches are
+                bar.refresh()
             if self._resume_state is not None:
                 self._restore(self._resume_state)
                 self._resume_state = None
+                if bar is not None:
+                    bar.update(self.step - bar.n)  # a resumed run's bar starts where it stopped
             limit = self._epoch_limit(epoch, num_batches)
             self._num_batches = num_batches
             self._position = self.workload_position()
@@ -215,6 +227,11 @@ class Trainer:
         stream = self.workload.stream
         return getattr(stream, "batch", getattr(stream, "position", 0))
 
+    def _planned_steps(self, num_batches: int) -> int:
+        """Local steps of the whole schedule (every epoch has the same number of batches)."""
+        total = sum(self._epoch_limit(e, num_batches) for e in range(self.num_epochs))
+        return total if self.config.max_steps is None else min(total, self.config.max_steps)
+
     def _progress_bar(self):
         if not self.progress:
             return None
@@ -250,13 +267,13 @@ class Trainer:
             "time/compute": t_compute / self.world_size,
             "time/comm": t_comm / self.world_size,
             "lr": group["lr"],
-            "gamma": group["gamma"],
+            "gamma": group.get("gamma"),
             "train/skipped_steps": int(skipped),
             "comm/nonfinite_rounds": int(nonfinite_rounds),
         }
         self.run.log({k: v for k, v in record.items() if v is not None})
         if bar is not None:
-            bar.set_postfix(loss=f"{loss_sum / steps:.3f}", refresh=False)
+            bar.set_postfix(epoch=f"{self._epoch_progress():.2f}", loss=f"{loss_sum / steps:.3f}", rounds=self.algorithm.rounds, refresh=False)
 
     def _end_of_epoch_eval(self) -> None:
         result = self._log_eval(splits=("valid",))
@@ -359,7 +376,7 @@ def run_worker(config: TrainConfig, run_path: str | None, checkpoint: dict | Non
     """Entry point of one worker under any runtime (module-level, so spawn can import it)."""
     if config.threads:
         torch.set_num_threads(config.threads)
-    run = RunFolder(run_path) if run_path is not None else None
+    run = RunFolder(run_path, loggers=config.loggers) if run_path is not None else None
     trainer = Trainer(config, run, progress=progress)
     if checkpoint is not None:
         trainer.resume(run.load_worker_checkpoint(checkpoint["step"], trainer.rank))

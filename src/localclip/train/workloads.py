@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from localclip import data, rng
 from localclip.comm import Communicator
 from localclip.errors import ConfigError
-from localclip.models import ar_tar_penalty, build_model, detach_hidden
+from localclip.models import GPT, ar_tar_penalty, build_model, detach_hidden
+from localclip.models.gpt import check_windows
 from localclip.train.config import TrainConfig
 
 __all__ = ["make_workload", "LMWorkload", "ImageWorkload"]
@@ -39,12 +40,14 @@ class LMWorkload:
             raise ConfigError(f"Invalid dataset for the lm task: {config.dataset!r} (expected one of {', '.join(data.CORPORA)})")
         self.corpus = data.load_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus)
         self.ntokens = len(self.corpus.vocab)
-        name = {"lstm": "lstm", "awd_lstm": "awd_lstm"}.get(config.model)
+        name = {"lstm": "lstm", "awd_lstm": "awd_lstm", "gpt": "gpt"}.get(config.model)
         if name is None:
-            raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm or awd_lstm)")
+            raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm, awd_lstm or gpt)")
         # The same x0 on every worker: initial weights come from the run's seed alone.
         with rng.seeded(config.seed):
             self.model = build_model(name, ntoken=self.ntokens, **config.model_options)
+        if isinstance(self.model, GPT):
+            check_windows(self.model.block_size, variable=config.variable_bptt, bptt=config.bptt, eval_bptt=config.eval_bptt)
         self.schedule = data.BPTTSchedule(config.bptt, seed=config.seed, variable=config.variable_bptt)
         self.hidden = None
         self.stream = None

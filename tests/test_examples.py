@@ -1,0 +1,63 @@
+"""The scripts in examples/ run as users run them: torchrun, 2 gloo processes on the CPU, a few
+steps; every worker holds the same model after the final sync and the loss fell."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def torchrun(script, tmp_path, *args):
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun not installed next to this Python")
+    report = tmp_path / "report"
+    # --standalone: torchrun picks a free port itself (no fixed ports); the timeout bounds a hang.
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(EXAMPLES / script), "--report", str(report), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = [json.loads(Path(f"{report}.rank{r}").read_text()) for r in range(2)]
+    for r in results:
+        assert r["identical"] and r["last_loss"] < 0.9 * r["first_loss"], r
+    # Bit-identical models after the final average: the same checksum on both ranks.
+    if "checksum" in results[0]:
+        assert results[0]["checksum"] == results[1]["checksum"]
+    return results, proc
+
+
+def test_torchrun_own_model(tmp_path):
+    results, _ = torchrun("torchrun_own_model.py", tmp_path, "--steps", "24", "--period", "4")
+    assert results[0]["rounds"] == 24 // 4 + 1  # + the final average
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed (pip install 'localclip[hf]')")
+def test_hf_gpt2(tmp_path):
+    results, _ = torchrun("hf_gpt2.py", tmp_path, "--steps", "24", "--period", "4", "--optimizer-state", "average")
+    assert results[0]["rounds"] == 24 // 4 + 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate not installed (pip install 'localclip[accelerate]')")
+def test_accelerate_integration(tmp_path):
+    results, _ = torchrun("accelerate_celgc.py", tmp_path, "--epochs", "1", "--period", "4")
+    assert results[0]["distributed_type"].endswith("MULTI_CPU")
+    steps = results[0]["steps"]
+    assert steps == 2048 // 32 // 2 and results[0]["rounds"] == steps // 4 + 1
+
+
+def test_an_example_without_torchrun_says_how_to_start_it():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    scripts = ["torchrun_own_model.py", "hf_gpt2.py", "accelerate_celgc.py"]
+    # Side by side: each spends its time importing torch.
+    procs = [subprocess.Popen([sys.executable, str(EXAMPLES / s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for s in scripts]
+    for script, proc in zip(scripts, procs):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (script, err)
+        assert "not started by torchrun" in err and "torchrun --standalone --nproc-per-node 2" in err, script
+        assert "Traceback" not in err, script
