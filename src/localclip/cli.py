@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 
-from localclip.errors import LocalclipError
+from localclip.errors import Interrupted, LocalclipError
 
 __all__ = ["main"]
 
@@ -229,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot, "sweep": _sweep, "report": _report}
     try:
         return commands[args.command](args)
+    except Interrupted as exc:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every worker gets here: one line
+            print(f"localclip: {exc}", file=sys.stderr)
+        return Interrupted.exit_code
     except LocalclipError as exc:
         print(f"localclip: error: {exc}", file=sys.stderr)
         return 2
