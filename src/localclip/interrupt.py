@@ -91,6 +91,7 @@ def catch(announce: bool = True):
         for s, h in previous.items():
             signal.signal(s, h)
         _state["announce"] = True
+        reset()  # a request belongs to the block it came in
 
 
 @contextlib.contextmanager
