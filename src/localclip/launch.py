@@ -58,6 +58,7 @@ def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backe
             # init installs the communicator that localclip.comm.current() returns in this process.
             comm = distributed.init(backend=backend, rank=rank, world_size=world_size, store_path=store, timeout=timeout)
             result = fn(*args, **kwargs)
+            _leave_together(comm)
         payload = ("ok", result)
     except BaseException as exc:  # noqa: BLE001 - shipped to the parent with its traceback
         payload = ("error", (type(exc).__name__, str(exc), traceback.format_exc(), _picklable(exc)))
@@ -68,6 +69,17 @@ def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backe
     # Skip destroy_process_group after a failure: it can block on peers that are gone.
     if payload[0] == "ok" and comm is not None:
         distributed.shutdown()
+
+
+def _leave_together(comm) -> None:
+    """One barrier before the group is torn down, after a worker's function returned.
+
+    Rank 0 has more to do after the last collective (the summary, closing the metrics) than the
+    others; without this, a peer destroys its gloo context and closes its connections while rank
+    0 is still working, and gloo may see the reset in its I/O thread, where an error aborts the
+    process ("terminate called after throwing an instance of 'gloo::IoException'").
+    """
+    comm.barrier()
 
 
 _FAILURE_GRACE = 10.0  # seconds the peers of a failed worker get to finish or fail themselves
@@ -187,7 +199,9 @@ def torchrun(fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT, backend: str
     with interrupt.catch(announce=os.environ["RANK"] == "0"):
         distributed.init(backend=backend, timeout=timeout)  # installs this process's communicator
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            _leave_together(comm)
+            return result
         finally:
             distributed.shutdown()
 
