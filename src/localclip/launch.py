@@ -198,7 +198,7 @@ def torchrun(fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT, backend: str
         raise ConfigError("--runtime torchrun: RANK/WORLD_SIZE are not set; start this command with torchrun")
     # torchrun passes SIGTERM/SIGINT on to every worker; rank 0 alone says what happens next.
     with interrupt.catch(announce=os.environ["RANK"] == "0"):
-        distributed.init(backend=backend, timeout=timeout)  # installs this process's communicator
+        comm = distributed.init(backend=backend, timeout=timeout)  # installs this process's communicator
         try:
             result = fn(*args, **kwargs)
             _leave_together(comm)
