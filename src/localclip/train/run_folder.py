@@ -103,14 +103,13 @@ class RunFolder:
             return index["checkpoints"]
         return [{"step": index["step"], "dir": f"step-{index['step']}"}]  # the index of older versions
 
-    def prepare(self, config_json: str, *, resume: bool, world_size: int | None = None) -> list[dict]:
+    def prepare(self, config_json: str, *, resume: bool) -> list[dict]:
         """Check the folder can take this run; return the checkpoint sets to resume from (newest
         first; empty for a fresh run). Raises :class:`RunFolderError`, touching nothing, for:
         a path that is a file; an existing run without ``resume``; a resume whose config differs
         (naming every differing field with both values); a resume whose budget (``max_steps``,
         ``epochs``) is smaller than what was already done, or, for a finished run, not larger.
         """
-        del world_size  # compared with the rest of the config
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"--out {self.path} is a file, not a run folder; choose another --out")
         if self.started and not resume:
