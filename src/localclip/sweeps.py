@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from localclip.errors import LocalclipError
+from localclip.errors import Interrupted, LocalclipError
 from localclip.recipes import get_recipe
 from localclip.train import run_training
 from localclip.train.config import TrainConfig, apply_overrides
@@ -280,7 +280,7 @@ def run_sweep(
         _write_status(status_path, name, runs, selected, status, meta)
         try:
             summary = run_training(cfg, out, runtime=runtime, resume=resume, progress=progress)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Interrupted):  # a stop request ends the sweep, not just this run
             status[run_name] = {"status": "interrupted"}
             _write_status(status_path, name, runs, selected, status, meta)
             raise
