@@ -130,17 +130,19 @@ def corpus_path(name: str, data_root: str | os.PathLike[str] | None = None) -> P
     """The folder that holds corpus ``name``: ``<root>/<folder>`` (e.g. ``<root>/ptbdataset``).
 
     A root that is itself a corpus folder, holding ``train.txt``, ``valid.txt`` and ``test.txt``
-    (``--data-root .../ptbdataset``, or any folder of a custom corpus), is accepted too, so both a
-    shared folder of corpora and a single corpus copy work; its files are checked against the
-    canonical checksums like any others. The path need not exist.
+    (``--data-root .../ptbdataset``, or any folder of a custom corpus not named like another
+    known corpus), is accepted too, so both a shared folder of corpora and a single corpus copy
+    work; its files are checked against the canonical checksums like any others. The path need
+    not exist.
     """
     spec = _spec(name)
     root = resolve_data_root(data_root)
     nested = root / spec.folder
     if nested.is_dir():
         return nested
-    if all((root / f"{split}.txt").is_file() for split in SPLITS):
-        return root
+    others = {n for other in CORPORA.values() if other.name != spec.name for n in (other.folder, other.name)}
+    if root.name not in others and all((root / f"{split}.txt").is_file() for split in SPLITS):
+        return root  # a folder named like another known corpus is not taken for this one
     return nested
 
 
