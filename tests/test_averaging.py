@@ -357,3 +357,15 @@ def test_algorithm_state_dict_round_trip():
         return opt2.rounds == opt.rounds and opt2.bytes_communicated == opt.bytes_communicated and opt2.averager.step_count == 3
 
     assert all(SimulatedWorld(2).run(worker))
+
+
+def test_lr_set_after_load_state_dict_reaches_the_inner_optimizer():
+    """A resumed run changes lr and gamma every step (decay, variable BPTT): after
+    load_state_dict the facade's param_groups must still be the inner optimizer's."""
+    model = tiny_model(seed=0)
+    opt = localclip.CELGC(model, lr=0.5, gamma=0.05, period=2)
+    opt.load_state_dict(localclip.CELGC(tiny_model(seed=0), lr=0.5, gamma=0.05, period=2).state_dict())
+    for group in opt.param_groups:
+        group["lr"], group["gamma"] = 0.01, 0.002
+    assert [g["lr"] for g in opt.optimizer.param_groups] == [0.01] and opt.param_groups is opt.optimizer.param_groups
+    assert opt.state is opt.optimizer.state

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -92,21 +93,123 @@ def test_existing_run_without_resume_is_refused_and_untouched(capsys, finished_r
     assert digest(finished_run) == before
 
 
-def test_resume_of_a_finished_run_is_refused_and_untouched(capsys, finished_run):
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--max-steps", "3"], "--max-steps 3 does not extend it"),  # the same budget
+        (["--max-steps", "2"], "--max-steps 2 does not extend it"),  # a smaller one
+    ],
+)
+def test_resume_of_a_finished_run_without_a_larger_budget_is_refused_and_untouched(capsys, finished_run, flags, needle):
     before = digest(finished_run)
-    code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--max-steps", "6", "--resume", "--out", str(finished_run), *SMOKE)
-    assert code == 2 and "finished" in err
+    code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--resume", "--out", str(finished_run), *flags, *SMOKE)
+    assert code == 2 and "finished" in err and needle in err and "3 steps" in err, err
     assert digest(finished_run) == before
 
 
-def test_resume_with_other_workers_names_both(capsys, tmp_path):
+def test_resume_with_a_budget_below_the_last_checkpoint_is_refused_and_untouched(capsys, tmp_path):
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps({"workers": 4, "algorithm": "celgc"}))
+    assert main(["train", "ptb-small", "--workers", "2", "--max-steps", "4", "--set", "checkpoint_interval=2", "--out", str(out), *SMOKE]) == 0
+    (out / "summary.json").unlink()  # as if it had died during the final evaluation
     before = digest(out)
-    code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--resume", "--out", str(out), *SMOKE)
-    assert code == 2 and "2 workers" in err and "4" in err
+    code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--max-steps", "3", "--resume", "--out", str(out), *SMOKE)
+    assert code == 2 and "--max-steps 3 is smaller than the 4 steps" in err and "nothing changed" in err, err
     assert digest(out) == before
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--workers", "3"], ["workers: 2 in the run, 3 now"]),
+        (["--algorithm", "naive"], ["algorithm: 'celgc' in the run, 'naive' now"]),
+        (["--period", "4"], ["period: 8 in the run, 4 now"]),
+        (["--set", "model=awd_lstm"], ["model: 'lstm' in the run, 'awd_lstm' now"]),
+        (["--set", "dataset=wikitext2"], ["dataset: 'ptb' in the run, 'wikitext2' now"]),
+        (["--workers", "3", "--period", "4"], ["workers: 2 in the run, 3 now", "period: 8 in the run, 4 now"]),
+    ],
+)
+def test_resume_with_another_setup_names_each_field_with_both_values(capsys, finished_run, flags, named):
+    before = digest(finished_run)
+    workers = [] if "--workers" in flags else ["--workers", "2"]
+    code, err = run_cli(capsys, "train", "ptb-small", "--resume", "--max-steps", "6", "--out", str(finished_run), *workers, *flags, *SMOKE)
+    assert code == 2 and "differs from the run" in err, err
+    for text in named:
+        assert text in err, err
+    assert "holds a finished run" not in err  # the mismatch is the problem, not the finished state
+    assert digest(finished_run) == before
+
+
+def test_out_naming_an_existing_file_is_refused_and_untouched(capsys, tmp_path):
+    out = tmp_path / "notes.txt"
+    out.write_text("mine\n")
+    code, err = run_cli(capsys, "train", "ptb-small", "--out", str(out), *SMOKE)
+    assert code == 2 and str(out) in err and "is a file" in err and "Traceback" not in err
+    assert out.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("model_options.nonsense=3", "'nonsense'"),
+        ("model_options.dropout=1.5", "dropout"),
+        ("threads=0", "threads"),
+        ("lr_decay_epochs=[0.5,0.2]", "increasing order"),
+        ("lr_decay_epochs=[-1]", "lr_decay_epochs"),
+        ("keep_checkpoints=0", "keep_checkpoints"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_run_folder_exists(capsys, tmp_path, override, needle):
+    out = tmp_path / "run"
+    code, err = run_cli(capsys, "train", "ptb-small", "--max-steps", "1", "--set", override, "--out", str(out), *SMOKE)
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_the_corrected_command_runs_after_a_refused_one(capsys, tmp_path):
+    out = tmp_path / "run"
+    code, err = run_cli(capsys, "train", "ptb-small", "--max-steps", "1", "--set", "model_options.nonsense=3", "--out", str(out), *SMOKE)
+    assert code == 2 and not out.exists()
+    assert main(["train", "ptb-small", "--workers", "1", "--max-steps", "1", "--out", str(out), *SMOKE]) == 0
+
+
+def test_bad_settings_on_resume_leave_the_run_untouched(capsys, finished_run):
+    before = digest(finished_run)
+    code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--resume", "--max-steps", "6", "--set", "model_options.nonsense=3",
+                        "--out", str(finished_run), *SMOKE)
+    assert code == 2 and "'nonsense'" in err
+    assert digest(finished_run) == before
+
+
+def test_no_checkpoint_that_loads_everywhere_names_the_files_and_changes_nothing(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "ptb-small", "--workers", "2", "--max-steps", "4", "--set", "checkpoint_interval=2", "--out", str(out), *SMOKE]) == 0
+    (out / "summary.json").unlink()
+    for f in (out / "checkpoints").rglob("rank-1.pt"):
+        f.write_bytes(f.read_bytes()[:100])
+    before = digest(out)
+    code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--max-steps", "6", "--resume", "--out", str(out), *SMOKE)
+    assert code == 2 and "no checkpoint" in err and "step-4" in err and "step-2" in err, err
+    assert "rank 1: cannot read checkpoint" in err and str(out / "checkpoints" / "step-4" / "rank-1.pt") in err
+    assert digest(out) == before
+
+
+def test_custom_corpus_folder_as_data_root_warns_once_in_one_line(capsys, tmp_path):
+    root = tmp_path / "mycorpus"  # not named like the canonical folder
+    root.mkdir()
+    for split in ("train", "valid", "test"):
+        text = (SHARED / "ptbdataset" / f"{split}.txt").read_text()
+        (root / f"{split}.txt").write_text(text[: len(text) // 20] if split == "train" else text)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--max-steps", "2", "--allow-custom-corpus",
+                            "--out", str(tmp_path / "run"), "--no-progress", "--set", "eval_tokens=2000", "--data-root", str(root))
+    assert code == 0, err
+    sha = hashlib.sha256((root / "train.txt").read_bytes()).hexdigest()
+    lines = [line for line in err.splitlines() if "canonical" in line]
+    assert lines == [f"localclip: warning: {root / 'train.txt'} differs from the canonical ptb train.txt (sha256 {sha}); "
+                     "results are not comparable with the paper's"], err
+    assert "UserWarning" not in err and "ptbdataset" not in err
+    assert not [w for w in caught if "canonical" in str(w.message)]
 
 
 def test_started_run_without_resume_is_refused(capsys, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import localclip
-from localclip.algorithm import CELGC, NaiveParallelClipping
+from localclip.algorithms import CELGC, NaiveParallelClipping
 from localclip.cli import main
 from localclip.comm import SimulatedWorld, current
 from localclip.errors import ConfigError

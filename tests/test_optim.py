@@ -236,3 +236,42 @@ def test_functional_core_matches_class_with_float_step():
         clipped_sgd(params, grads, [None] * 4, 0.1, weight_decay=0, momentum=0, dampening=0, nesterov=False)
     for p, e in zip(params, expect):
         torch.testing.assert_close(p.detach(), e)
+
+
+@pytest.mark.parametrize("path", [dict(fused=True), dict(foreach=True), dict(foreach=False)])
+@pytest.mark.parametrize("momentum,wd", [(0.0, 0.0), (0.9, 1e-2)])
+def test_float64_matches_the_exact_formula_to_1e_12(path, momentum, wd):
+    """Norm and step in float64 for float64 parameters: no float32 rounding anywhere."""
+    lr, gamma = 0.3, 0.05
+    params, opt = run(lambda p: ClippedSGD(p, lr=lr, gamma=gamma, momentum=momentum, weight_decay=wd, **path))
+    ref = [p.detach().clone() for p in make_params()]
+    bufs = [None] * len(ref)
+    for t in range(6):
+        grads = grads_for(ref, t, 3.0)
+        norm = math.sqrt(math.fsum(float(v) ** 2 for g in grads for v in g.reshape(-1)))
+        step = min(lr, gamma / norm)
+        for i, (x, g) in enumerate(zip(ref, grads)):
+            d = g + wd * x
+            if momentum:
+                bufs[i] = d.clone() if bufs[i] is None else momentum * bufs[i] + d
+                d = bufs[i]
+            x -= step * d
+    assert opt.last_grad_norm.dtype == torch.float64
+    assert float(opt.last_grad_norm) == pytest.approx(norm, rel=1e-14)
+    for a, b in zip(params, ref):
+        assert a.dtype == torch.float64
+        assert ((a.detach() - b).abs().max() / b.abs().max()).item() <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_norm_is_accumulated_in_float32(dtype):
+    params = [torch.nn.Parameter(torch.full((4096,), 1.0, dtype=dtype))]
+    params[0].grad = torch.full((4096,), 300.0, dtype=dtype)  # the sum of squares overflows float16
+    opt = ClippedSGD(params, lr=0.01, gamma=0.5)
+    opt.step()
+    exact = 300.0 * 64.0
+    assert opt.last_grad_norm.dtype == torch.float32
+    assert float(opt.last_grad_norm) == pytest.approx(exact, rel=1e-6)
+    step = min(0.01, 0.5 / exact)
+    expected = torch.tensor(1.0 - step * 300.0, dtype=torch.float32).to(dtype)
+    assert torch.equal(params[0].detach(), torch.full((4096,), float(expected), dtype=dtype))

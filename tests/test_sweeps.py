@@ -117,8 +117,8 @@ def test_a_run_that_died_after_a_checkpoint_is_resumed_not_restarted(tmp_path, m
     run = tmp_path / "isweep" / "celgc-I8"
     commit = RunFolder.commit_checkpoint
 
-    def commit_then_die(self, step, world_size):
-        commit(self, step, world_size)
+    def commit_then_die(self, step, world_size, **kwargs):
+        commit(self, step, world_size, **kwargs)
         raise RuntimeError(f"died after the checkpoint of step {step}")
 
     monkeypatch.setattr(RunFolder, "commit_checkpoint", commit_then_die)

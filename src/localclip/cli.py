@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from pathlib import Path
 
-from localclip.errors import LocalclipError
+from localclip.errors import Interrupted, LocalclipError
 
 __all__ = ["main"]
 
@@ -271,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
                 "theory": _theory, "smoothness": _smoothness}
     try:
         return commands[args.command](args)
+    except Interrupted as exc:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every worker gets here: one line
+            print(f"localclip: {exc}", file=sys.stderr)
+        return Interrupted.exit_code
     except LocalclipError as exc:
         print(f"localclip: error: {exc}", file=sys.stderr)
         return 2

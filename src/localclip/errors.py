@@ -28,3 +28,9 @@ class CommunicationError(LocalclipError, RuntimeError):
 
 class NonFiniteError(LocalclipError, FloatingPointError):
     """NaN or Inf in gradients or parameters, with ``on_nonfinite="raise"``."""
+
+
+class Interrupted(LocalclipError):
+    """The run stopped on SIGTERM/SIGINT after writing a checkpoint; ``--resume`` continues it."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again later (with --resume)

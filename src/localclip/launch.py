@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
+from localclip import interrupt
 from localclip.comm import DEFAULT_TIMEOUT, SimulatedWorld
-from localclip.errors import CommunicationError, ConfigError
+from localclip.errors import CommunicationError, ConfigError, Interrupted
 
 __all__ = ["RUNTIMES", "run_workers", "simulate", "spawn", "torchrun"]
 
@@ -52,9 +53,12 @@ def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backe
     torch.set_num_threads(threads)
     comm = None
     try:
-        # init installs the communicator that localclip.comm.current() returns in this process.
-        comm = distributed.init(backend=backend, rank=rank, world_size=world_size, store_path=store, timeout=timeout)
-        result = fn(*args, **kwargs)
+        # The parent passes SIGTERM/SIGINT on (and says so); each worker stops at an agreement point.
+        with interrupt.catch(announce=False):
+            # init installs the communicator that localclip.comm.current() returns in this process.
+            comm = distributed.init(backend=backend, rank=rank, world_size=world_size, store_path=store, timeout=timeout)
+            result = fn(*args, **kwargs)
+            _leave_together(comm)
         payload = ("ok", result)
     except BaseException as exc:  # noqa: BLE001 - shipped to the parent with its traceback
         payload = ("error", (type(exc).__name__, str(exc), traceback.format_exc(), _picklable(exc)))
@@ -65,6 +69,18 @@ def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backe
     # Skip destroy_process_group after a failure: it can block on peers that are gone.
     if payload[0] == "ok" and comm is not None:
         distributed.shutdown()
+
+
+def _leave_together(comm) -> None:
+    """One barrier before the group is torn down, after a worker's function returned.
+
+    Rank 0 has more to do after the last collective (the summary, closing the metrics) than the
+    others, which would otherwise destroy their gloo contexts and close their connections while
+    rank 0 still works. An I/O error that gloo meets in its own thread aborts the process
+    ("terminate called after throwing an instance of 'gloo::IoException'"), the suspected cause
+    of a rare torchrun failure at exit (not reproduced: 0 failures in 20 runs under load).
+    """
+    comm.barrier()
 
 
 _FAILURE_GRACE = 10.0  # seconds the peers of a failed worker get to finish or fail themselves
@@ -124,6 +140,8 @@ def spawn(
             p.start()
         deadline = None if join_timeout is None else time.monotonic() + join_timeout
         failed_at = None
+        forwarding = interrupt.forward_to([p.pid for p in procs])
+        forwarding.__enter__()  # signals caught by this process reach the workers
         try:
             # Poll rather than join in order: once a worker has failed, its peers are likely
             # blocked in a collective with it, so give them a short grace period, then stop them.
@@ -137,6 +155,7 @@ def spawn(
                 for p in procs:
                     p.join(0.05)
         finally:
+            forwarding.__exit__(None, None, None)
             alive = [r for r, p in enumerate(procs) if p.is_alive()]
             for p in procs:
                 if p.is_alive():
@@ -162,6 +181,8 @@ def spawn(
         # or that was stopped after another's failure.
         errors.sort(key=lambda e: (e[1] is None, isinstance(e[1], CommunicationError)))
         rank, exc, text = errors[0]
+        if isinstance(exc, Interrupted):
+            raise exc  # the same stop on every rank: its message stands as it is
         if isinstance(exc, BaseException):
             exc.args = (f"rank {rank}: {exc}",) if len(exc.args) <= 1 else exc.args
             raise exc
@@ -175,11 +196,15 @@ def torchrun(fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT, backend: str
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ConfigError("--runtime torchrun: RANK/WORLD_SIZE are not set; start this command with torchrun")
-    distributed.init(backend=backend, timeout=timeout)  # installs this process's communicator
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        distributed.shutdown()
+    # torchrun passes SIGTERM/SIGINT on to every worker; rank 0 alone says what happens next.
+    with interrupt.catch(announce=os.environ["RANK"] == "0"):
+        comm = distributed.init(backend=backend, timeout=timeout)  # installs this process's communicator
+        try:
+            result = fn(*args, **kwargs)
+            _leave_together(comm)
+            return result
+        finally:
+            distributed.shutdown()
 
 
 def run_workers(runtime: str, fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT, **kwargs):

@@ -123,6 +123,9 @@ class DistributedAlgorithm(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.optimizer.load_state_dict(state_dict["optimizer"])
+        # Optimizer.load_state_dict replaces the inner param_groups and state objects: follow
+        # them, or later lr/gamma changes (decay, variable BPTT) would miss the real groups.
+        self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
         self.averager.load_state_dict(state_dict["averager"])
         self._extra_bytes = state_dict["extra_bytes"]
         self._extra_reductions = state_dict["extra_reductions"]

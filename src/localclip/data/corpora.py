@@ -30,8 +30,10 @@ __all__ = [
     "SPLITS",
     "Corpus",
     "CorpusSpec",
+    "CustomCorpusWarning",
     "Vocabulary",
     "corpus_path",
+    "verify_corpus",
     "file_sha256",
     "load_corpus",
     "load_corpus_from_dir",
@@ -127,16 +129,20 @@ def _spec(name: str) -> CorpusSpec:
 def corpus_path(name: str, data_root: str | os.PathLike[str] | None = None) -> Path:
     """The folder that holds corpus ``name``: ``<root>/<folder>`` (e.g. ``<root>/ptbdataset``).
 
-    A root that is itself the corpus folder (``--data-root .../ptbdataset``) is accepted too, so
-    both a shared folder of corpora and a single corpus copy work. The path need not exist.
+    A root that is itself a corpus folder, holding ``train.txt``, ``valid.txt`` and ``test.txt``
+    (``--data-root .../ptbdataset``, or any folder of a custom corpus not named like another
+    known corpus), is accepted too, so both a shared folder of corpora and a single corpus copy
+    work; its files are checked against the canonical checksums like any others. The path need
+    not exist.
     """
     spec = _spec(name)
     root = resolve_data_root(data_root)
     nested = root / spec.folder
     if nested.is_dir():
         return nested
-    if root.name in (spec.folder, spec.name) and (root / "train.txt").is_file():
-        return root
+    others = {n for other in CORPORA.values() if other.name != spec.name for n in (other.folder, other.name)}
+    if root.name not in others and all((root / f"{split}.txt").is_file() for split in SPLITS):
+        return root  # a folder named like another known corpus is not taken for this one
     return nested
 
 
@@ -417,6 +423,7 @@ def load_corpus(
     verify: bool = True,
     allow_custom: bool = False,
     disk_cache: bool = True,
+    warn: bool = True,
 ) -> Corpus:
     """Load a known corpus (``"ptb"`` or ``"wikitext2"``) from the data root.
 
@@ -427,9 +434,23 @@ def load_corpus(
             with the paper's.
         allow_custom: accept files whose checksum differs (a modified or custom corpus) with a
             warning instead of an error; the CLI flag is ``--allow-custom-corpus``.
+        warn: with ``allow_custom``, warn (:class:`CustomCorpusWarning`) about each accepted
+            file; a launcher that has said so once already passes False to its workers.
         disk_cache: keep the tokenized corpus in ``<corpus folder>/.localclip-tokens-v1.pt``
             (skipped silently when the folder is read-only).
     """
+    spec = _spec(name)
+    folder = corpus_path(name, data_root)
+    files = _split_files(folder)
+    notes = verify_corpus(name, data_root, allow_custom=allow_custom) if verify else _check_present(name, data_root)
+    if warn:
+        for note in notes:
+            warnings.warn(CustomCorpusWarning(note), stacklevel=2)
+    shas = {f.name: file_sha256(f) for f in files}
+    return _build_corpus(spec.name, folder, files, shas, disk_cache)
+
+
+def _check_present(name: str, data_root) -> list[str]:
     spec = _spec(name)
     root = resolve_data_root(data_root)
     folder = corpus_path(name, root)
@@ -441,25 +462,37 @@ def load_corpus(
                 f"`localclip data download {spec.name} --data-root {root}` "
                 f"(or copy {', '.join(p.name for p in files)} into {folder})."
             )
-    shas = {f.name: file_sha256(f) for f in files}
-    if verify:
-        for f in files:
-            expected, actual = spec.sha256[f.name], shas[f.name]
-            if actual == expected:
-                continue
-            if not allow_custom:
-                raise DataError(
-                    f"Checksum mismatch for {f}: expected sha256 {expected}, got {actual}. "
-                    f"The file is not the canonical {spec.name} {f.name}; re-download it with "
-                    f"`localclip data download {spec.name} --data-root {root}`, or, to train on "
-                    "a custom corpus on purpose, pass allow_custom=True (CLI: --allow-custom-corpus)."
-                )
-            warnings.warn(
-                f"{f} differs from the canonical {spec.name} {f.name} (sha256 {actual}); "
-                "results are not comparable with the paper's.",
-                stacklevel=2,
+    return []
+
+
+def verify_corpus(name: str, data_root: str | os.PathLike[str] | None = None, *, allow_custom: bool = False) -> list[str]:
+    """Check that corpus ``name`` is complete and canonical (SHA-256), without loading it.
+
+    Raises :class:`DataError` naming the missing or differing file and the fix; with
+    ``allow_custom`` a differing file is accepted and described in the returned list, one line
+    per file (empty for the canonical corpus).
+    """
+    spec = _spec(name)
+    root = resolve_data_root(data_root)
+    _check_present(name, root)
+    notes = []
+    for f in _split_files(corpus_path(name, root)):
+        expected, actual = spec.sha256[f.name], file_sha256(f)
+        if actual == expected:
+            continue
+        if not allow_custom:
+            raise DataError(
+                f"Checksum mismatch for {f}: expected sha256 {expected}, got {actual}. "
+                f"The file is not the canonical {spec.name} {f.name}; re-download it with "
+                f"`localclip data download {spec.name} --data-root {root}`, or, to train on "
+                "a custom corpus on purpose, pass allow_custom=True (CLI: --allow-custom-corpus)."
             )
-    return _build_corpus(spec.name, folder, files, shas, disk_cache)
+        notes.append(f"{f} differs from the canonical {spec.name} {f.name} (sha256 {actual}); results are not comparable with the paper's")
+    return notes
+
+
+class CustomCorpusWarning(UserWarning):
+    """A corpus file differs from the canonical one and ``allow_custom`` accepted it."""
 
 
 def load_corpus_from_dir(

@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from localclip.errors import LocalclipError
+from localclip.errors import Interrupted, LocalclipError
 from localclip.experiments.plans import Plan, SweepError, SweepFailed, plan, select
 from localclip.train import run_training
 from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
@@ -211,7 +211,7 @@ class _Sweep:
         resume = self.starting(tag, run_name, cfg)
         try:
             summary = run_training(cfg, self.folder / run_name, runtime=runtime, resume=resume, progress=progress)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Interrupted):  # a stop request ends the sweep, not just this run
             self.interrupted([run_name])
             raise
         except Exception as exc:  # noqa: BLE001 - one broken run must not stop the others

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from localclip.algorithm import CELGC
+from localclip.algorithms import CELGC
 from localclip.comm import SimulatedWorld, current
 from localclip.errors import ConfigError
 from localclip.train.run_folder import atomic_write_text

@@ -29,7 +29,7 @@ from __future__ import annotations
 from torch import nn
 from torch.optim import Optimizer
 
-from localclip.algorithm import CELGC, DistributedAlgorithm, NaiveParallelClipping
+from localclip.algorithms import CELGC, DistributedAlgorithm, NaiveParallelClipping
 from localclip.comm import current
 from localclip.errors import ConfigError
 

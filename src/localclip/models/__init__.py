@@ -8,8 +8,10 @@ so configs stay plain data.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from localclip.errors import ConfigError
@@ -30,6 +32,7 @@ __all__ = [
     "WeightDropLSTM",
     "ar_tar_penalty",
     "build_model",
+    "check_model_options",
     "detach_hidden",
     "resnet",
 ]
@@ -63,3 +66,35 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     except KeyError:
         raise ConfigError(f"Unknown model {name!r} (choose one of {sorted(MODELS)})") from None
     return factory(**kwargs)
+
+
+def check_model_options(name: str, options: dict, **supplied: Any) -> None:
+    """Refuse, with a :class:`ConfigError` naming the option, ``options`` that the constructor of
+    model ``name`` would not accept, without building anything real.
+
+    ``supplied`` are the arguments the caller adds itself (``ntoken=...``). Unknown names are
+    checked against the constructor's signature; values by building the model on the ``meta``
+    device (no memory, no compute), where the constructors' own checks run.
+    """
+    if name not in MODELS:
+        raise ConfigError(f"Unknown model {name!r} (choose one of {sorted(MODELS)})")
+    factory = MODELS[name]
+    signature_of = resnet if name.startswith("resnet") and name != "resnet" else factory
+    params = inspect.signature(signature_of).parameters
+    accepted = [
+        n for n, p in params.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in supplied and n not in ("self", "depth")
+    ]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"Invalid model_options for {name}: {', '.join(map(repr, unknown))} "
+            f"(not an argument of its constructor; it takes {', '.join(accepted) or 'none'})"
+        )
+    try:
+        with torch.device("meta"):
+            factory(**supplied, **options)
+    except ConfigError as exc:
+        raise ConfigError(f"Invalid model_options for {name}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"Invalid model_options for {name} {options}: {exc}") from None

@@ -56,6 +56,10 @@ class ClippedSGD(torch.optim.Optimizer):
 
     Clip statistics are kept as tensors, so reading them is the only host synchronisation:
     :attr:`clip_fraction` (clipped steps / steps), :attr:`last_grad_norm`.
+
+    Precision: the norm and the clipped step size are computed in the parameters' precision
+    (float64 parameters get a float64 norm and step, exact to rounding); float16 and bfloat16
+    gradients are accumulated in float32, and their step size stays float32 on the fused path.
     """
 
     def __init__(
@@ -138,7 +142,13 @@ class ClippedSGD(torch.optim.Optimizer):
 
     def set_reference_norm(self, norm: Tensor | float | None) -> None:
         """Set the norm that the ``global_average`` and ``max`` clip modes use until replaced."""
-        self._reference_norm = None if norm is None else torch.as_tensor(norm, dtype=torch.float32)
+        if norm is None:
+            self._reference_norm = None
+            return
+        # Keep a float64 reference exact; anything narrower is held in float32 (the precision in
+        # which float16/bfloat16 norms are accumulated).
+        norm = torch.as_tensor(norm, dtype=torch.float64) if not isinstance(norm, Tensor) else norm
+        self._reference_norm = norm if norm.dtype == torch.float64 else norm.to(torch.float32)
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -154,7 +164,7 @@ class ClippedSGD(torch.optim.Optimizer):
         if self.clip_mode == "local" or self._reference_norm is None:
             # Before the first sync step a global mode has no reference yet: clip locally.
             return local
-        ref = self._reference_norm.to(local.device)
+        ref = self._reference_norm.to(local.device, local.dtype)
         return ref if self.clip_mode == "global_average" else torch.maximum(local, ref)
 
     @torch.no_grad()
@@ -225,15 +235,21 @@ class ClippedSGD(torch.optim.Optimizer):
             self.set_reference_norm(clip["reference_norm"])
 
 
+def norm_dtype(tensors: list[Tensor]) -> torch.dtype:
+    """The precision a norm over ``tensors`` is accumulated in: float64 if any is float64, else
+    float32 (float16 and bfloat16 would overflow or lose the small terms)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
 def grad_norm(grads: list[Tensor]) -> Tensor:
-    """The L2 norm of all ``grads`` as one vector, as a 0-dim tensor (no host sync): float64
-    if any gradient is float64, else float32."""
-    acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+    """The L2 norm of all ``grads`` as one vector, a 0-dim tensor (no host sync), accumulated in
+    :func:`norm_dtype` precision."""
+    acc = norm_dtype(grads)
     if grads[0].device.type == "cpu":
         # On the CPU a BLAS dot product per tensor is about twice as fast as _foreach_norm.
-        sq = torch.stack([torch.dot(g.reshape(-1), g.reshape(-1)).to(acc) for g in grads])
-        return sq.sum().sqrt()
-    return torch.linalg.vector_norm(torch.stack([n.to(acc) for n in torch._foreach_norm(grads)]))
+        flat = [g.reshape(-1) if g.dtype == acc else g.reshape(-1).to(acc) for g in grads]
+        return torch.stack([torch.dot(g, g) for g in flat]).sum().sqrt()
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=acc)))
 
 
 def clipped_step_size(lr: float, gamma: float, norm: Tensor | None) -> Tensor | float:
@@ -245,7 +261,13 @@ def clipped_step_size(lr: float, gamma: float, norm: Tensor | None) -> Tensor | 
 
 
 def _fused_supported(params: list[Tensor]) -> bool:
-    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") and not p.is_sparse for p in params)
+    # Not float16/bfloat16 on the CPU: that kernel's vectorised loop computes in the parameters'
+    # dtype and drops small steps (1 - 2.6e-5·300 stays 1.0 in float16; measured, torch 2.13).
+    return all(
+        p.is_floating_point() and p.device.type in ("cpu", "cuda") and not p.is_sparse
+        and not (p.device.type == "cpu" and p.dtype in (torch.float16, torch.bfloat16))
+        for p in params
+    )
 
 
 def clipped_sgd(
@@ -280,6 +302,13 @@ def clipped_sgd(
     impl(params, grads, momentum_buffers, step_size, **hyper)
 
 
+def _step_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the step size applied to parameters of ``dtype``: their own, except that a
+    float16/bfloat16 step would round the clip factor, so those get float32 (a 0-dim tensor: the
+    result keeps the parameters' dtype)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _single_tensor_clipped_sgd(params, grads, bufs, step_size, *, weight_decay, momentum, dampening, nesterov):
     """The reference: one parameter at a time, written as the math reads."""
     for i, (x, g) in enumerate(zip(params, grads)):
@@ -291,7 +320,7 @@ def _single_tensor_clipped_sgd(params, grads, bufs, step_size, *, weight_decay, 
                 bufs[i].mul_(momentum).add_(d, alpha=1 - dampening)
             d = d.add(bufs[i], alpha=momentum) if nesterov else bufs[i]
         if isinstance(step_size, Tensor):
-            x.addcmul_(d, -step_size.to(x.device, x.dtype))
+            x.addcmul_(d, -step_size.to(x.device, _step_dtype(x.dtype)))
         else:
             x.add_(d, alpha=-step_size)
 
@@ -310,7 +339,7 @@ def _multi_tensor_clipped_sgd(params, grads, bufs, step_size, *, weight_decay, m
             torch._foreach_add_(old_bufs, [d[i] for i in old], alpha=1 - dampening)
         d = torch._foreach_add(d, bufs, alpha=momentum) if nesterov else list(bufs)
     if isinstance(step_size, Tensor):
-        neg = -step_size.to(params[0].device, params[0].dtype)
+        neg = -step_size.to(params[0].device, _step_dtype(params[0].dtype))
         torch._foreach_addcmul_(params, d, [neg] * len(params))
     else:
         torch._foreach_add_(params, d, alpha=-step_size)
@@ -332,7 +361,7 @@ def _fused_clipped_sgd(params, grads, bufs, step_size, found_inf, *, weight_deca
         if first:
             for i in idx:
                 bufs[i] = torch.empty_like(params[i])
-        lr = step_size.to(device, dtype) if isinstance(step_size, Tensor) else step_size
+        lr = step_size.to(device, _step_dtype(dtype)) if isinstance(step_size, Tensor) else step_size
         torch._fused_sgd_(
             [params[i] for i in idx], [grads[i] for i in idx],
             [bufs[i] for i in idx] if momentum != 0 else [],

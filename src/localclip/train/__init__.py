@@ -10,6 +10,7 @@ from localclip.errors import ConfigError, LocalclipError, RunFolderError
 from localclip.train.config import ALGORITHMS, TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
+from localclip.train.workloads import check_model
 
 __all__ = ["ALGORITHMS", "RunFolder", "TrainConfig", "Trainer", "apply_overrides", "config_from_dict", "run_training"]
 
@@ -22,26 +23,47 @@ def run_training(
     resume: bool = False,
     progress: bool = True,
 ) -> dict | None:
-    """Train ``config`` into the run folder ``out``; return the summary (rank 0's under torchrun)."""
-    from localclip import launch
+    """Train ``config`` into the run folder ``out``; return the summary (rank 0's under torchrun).
+
+    Everything that can be checked is checked before the folder is touched: the config, the
+    model options, the corpus and the folder itself (see :meth:`RunFolder.prepare`). On
+    SIGTERM/SIGINT the workers checkpoint and :class:`~localclip.errors.Interrupted` is raised.
+    """
+    from localclip import interrupt, launch
 
     config = config.resolved()
+    check_model(config)
     out = str(Path(out).resolve())
     config_json = config.to_json()
-    if runtime == "torchrun":
-        return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout)
     if runtime not in launch.RUNTIMES:
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
+    if runtime == "torchrun":
+        return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout)
+    _check_corpus(config)
     run = RunFolder(out)
-    checkpoint = run.prepare(config_json, resume=resume, world_size=config.workers)
-    run.begin(config_json, checkpoint)
-    results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoint, progress, timeout=config.timeout)
+    checkpoints = run.prepare(config_json, resume=resume)
+    run.begin(config_json, resuming=bool(checkpoints))
+    with interrupt.catch():
+        results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout)
     return results[0]
 
 
+def _check_corpus(config: TrainConfig) -> None:
+    """Refuse a missing or non-canonical corpus; say once, in one line each, which custom files
+    ``allow_custom_corpus`` accepted (the workers stay quiet)."""
+    import sys
+
+    from localclip import data
+
+    if config.task != "lm" or config.dataset not in data.CORPORA:
+        return
+    for note in data.verify_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus):
+        print(f"localclip: warning: {note}", file=sys.stderr, flush=True)
+
+
 def _torchrun_worker(config: TrainConfig, out: str, resume: bool, progress: bool):
-    """Under torchrun every process runs the CLI: rank 0 alone prepares the folder, and the
-    others learn the outcome from one all-reduce instead of racing it."""
+    """Under torchrun every process runs the CLI: rank 0 alone checks the corpus and prepares
+    the folder, and the others learn the outcome from one all-reduce instead of racing it."""
     import torch
 
     from localclip.comm import current
@@ -52,8 +74,9 @@ def _torchrun_worker(config: TrainConfig, out: str, resume: bool, progress: bool
     if comm.rank == 0:
         run = RunFolder(out)
         try:
-            checkpoint = run.prepare(config.to_json(), resume=resume, world_size=config.workers)
-            run.begin(config.to_json(), checkpoint)
+            _check_corpus(config)
+            checkpoints = run.prepare(config.to_json(), resume=resume)
+            run.begin(config.to_json(), resuming=bool(checkpoints))
         except LocalclipError as exc:
             failed.fill_(1)
             error = exc
@@ -62,5 +85,4 @@ def _torchrun_worker(config: TrainConfig, out: str, resume: bool, progress: bool
         raise error
     if failed.item():
         raise RunFolderError(f"rank {comm.rank}: rank 0 could not prepare the run folder {out}")
-    checkpoint = RunFolder(out).latest_checkpoint()
-    return run_worker(config, out, checkpoint, progress)
+    return run_worker(config, out, RunFolder(out).checkpoint_sets(), progress)

@@ -124,7 +124,11 @@ class TrainConfig:
     eval_interval: int = 0
     """Steps between mid-epoch validations (0: at the end of each epoch only)."""
     checkpoint_interval: int = 200
-    """Steps between checkpoints (also one at the end of every epoch)."""
+    """Steps between checkpoints (also one at the end of every epoch and one when the budget
+    runs out, before the final averaging, so that a larger budget can continue the run)."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep: a resume falls back to an older one when the
+    newest does not load on every worker."""
     timeout: float = 300.0
     """Seconds a collective may wait for peers before the run fails."""
     on_nonfinite: str = "skip"
@@ -146,7 +150,7 @@ class TrainConfig:
             bad("task", "expected lm or image")
         if self.algorithm not in ALGORITHMS:
             bad("algorithm", f"expected one of {', '.join(ALGORITHMS)}")
-        for name in ("workers", "period", "batch_size", "bptt", "eval_batch_size", "test_batch_size", "log_interval", "checkpoint_interval"):
+        for name in ("workers", "period", "batch_size", "bptt", "eval_batch_size", "test_batch_size", "log_interval", "checkpoint_interval", "keep_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad(name, "must be an integer >= 1")
@@ -201,6 +205,15 @@ class TrainConfig:
         if self.eval_interval and self.algorithm in PERIODIC_ALGORITHMS and self.eval_interval % self.period:
             # Evaluations score the averaged model, which exists only at the end of a period.
             bad("eval_interval", f"must be a multiple of period={self.period}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
+            bad("threads", "must be an integer >= 1, or none for the default")
+        if not isinstance(self.model_options, dict):
+            bad("model_options", "must be a mapping of the model constructor's keyword arguments")
+        decays = self.lr_decay_epochs
+        if not isinstance(decays, list) or not all(isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0 for e in decays):
+            bad("lr_decay_epochs", "must be a list of epochs >= 0")
+        if decays != sorted(decays):
+            bad("lr_decay_epochs", f"must be in increasing order, e.g. {sorted(decays)}")
         if self.eval_interval < 0 or self.asgd_patience < 0:
             bad("eval_interval" if self.eval_interval < 0 else "asgd_patience", "must be >= 0")
         return self

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from localclip.algorithm import CELGC, NaiveParallelClipping
+from localclip.algorithms import CELGC, NaiveParallelClipping
 from localclip.optim import ClippedAdamW
 from localclip.train.config import TrainConfig
 

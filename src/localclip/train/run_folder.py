@@ -5,14 +5,19 @@ Layout::
     RUN/config.json           the resolved config (written once, when the run starts)
     RUN/metrics.jsonl         one JSON record per line, flushed as written
     RUN/summary.json          written last: its presence marks a finished run
-    RUN/checkpoints/latest.json         {"step": S, "world_size": N}: the newest complete set
-    RUN/checkpoints/step-S/rank-R.pt    one file per worker
+    RUN/checkpoints/latest.json         the index: the newest complete set first, then older kept ones
+    RUN/checkpoints/step-S/rank-R.pt    one file per worker (``step-S-epoch-E`` at the start of epoch E)
     RUN/tensorboard/          the same records as TensorBoard events, when tensorboard is installed
     RUN/wandb/                an offline Weights & Biases run, with ``--logger wandb``
 
 Every file is written to a temporary name and renamed into place, and ``latest.json`` moves only
-after every worker's file of that step exists, so a crash at any moment leaves the previous
-checkpoint intact. Only rank 0 writes shared files.
+after every worker's file of that set exists, so a crash at any moment leaves the previous
+checkpoints intact. The last ``keep`` complete sets are kept, so that one unreadable file costs
+one checkpoint interval, not the run. Only rank 0 writes shared files.
+
+An index entry is ``{"step", "dir", "epochs", "metrics_lines"}``: where the set lies, how far
+training had got (epochs, fractional) and how many lines ``metrics.jsonl`` had then, so a resume
+drops exactly the records written after it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ import torch
 from localclip.errors import RunFolderError
 from localclip.train.loggers import open_sinks
 
-__all__ = ["RunFolder", "atomic_write_text", "atomic_torch_save"]
+__all__ = ["RESUME_MAY_CHANGE", "RunFolder", "atomic_write_text", "atomic_torch_save"]
+
+#: Config fields a resume may change: the budget, and how the run is observed and hosted.
+RESUME_MAY_CHANGE = frozenset({
+    "max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "keep_checkpoints", "loggers",
+})
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -57,6 +67,7 @@ class RunFolder:
         self.checkpoints = self.path / "checkpoints"
         self._metrics = None
         self._sinks: list = []
+        self._lines: int | None = None
 
     # -- state of the folder -------------------------------------------------------------------
 
@@ -69,74 +80,127 @@ class RunFolder:
         return self.config_path.exists()
 
     def latest_checkpoint(self) -> dict | None:
+        """The newest complete checkpoint set's index entry, or None."""
+        sets = self.checkpoint_sets()
+        return sets[0] if sets else None
+
+    def checkpoint_sets(self) -> list[dict]:
+        """The kept complete checkpoint sets, newest first (see the module docstring)."""
         latest = self.checkpoints / "latest.json"
         if not latest.exists():
-            return None
+            return []
         try:
-            return json.loads(latest.read_text())
+            index = json.loads(latest.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise RunFolderError(f"Unreadable checkpoint index {latest}: {exc}") from exc
+        if "checkpoints" in index:
+            return index["checkpoints"]
+        return [{"step": index["step"], "dir": f"step-{index['step']}"}]  # the index of older versions
 
-    def prepare(self, config_json: str, *, resume: bool, world_size: int) -> dict | None:
-        """Check the folder can take this run; return the checkpoint to resume from, if any.
-
-        Refuses (without touching anything) a finished run, an existing run without
-        ``resume``, and a resume whose config or number of workers differs.
+    def prepare(self, config_json: str, *, resume: bool) -> list[dict]:
+        """Check the folder can take this run; return the checkpoint sets to resume from (newest
+        first; empty for a fresh run). Raises :class:`RunFolderError`, touching nothing, for:
+        a path that is a file; an existing run without ``resume``; a resume whose config differs
+        (naming every differing field with both values); a resume whose budget (``max_steps``,
+        ``epochs``) is smaller than what was already done, or, for a finished run, not larger.
         """
-        if self.finished:
-            raise RunFolderError(f"{self.path} holds a finished run (summary.json exists); choose another --out")
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFolderError(f"--out {self.path} is a file, not a run folder; choose another --out")
         if self.started and not resume:
-            raise RunFolderError(f"{self.path} already holds a run; pass --resume to continue it or choose another --out")
+            what = "a finished run (summary.json exists)" if self.finished else "a run"
+            extend = "; to continue it with a larger --max-steps/--epochs, pass --resume" if self.finished else "; pass --resume to continue it"
+            raise RunFolderError(f"{self.path} already holds {what}{extend}, or choose another --out")
         if not self.started:
-            return None
-        saved = json.loads(self.config_path.read_text())
+            return []
+        try:
+            saved = json.loads(self.config_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RunFolderError(f"Unreadable run config {self.config_path}: {exc}") from exc
         new = json.loads(config_json)
         # A field added after the run started ran at its default.
         saved = {**{k: v for k, v in _config_defaults().items() if k in new}, **saved}
-        if saved.get("workers") != new.get("workers"):
-            raise RunFolderError(
-                f"--resume with {new.get('workers')} workers, but the run in {self.path} was started with {saved.get('workers')}"
-            )
-        ignorable = {"max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "loggers"}
-        differ = sorted(k for k in set(saved) | set(new) if k not in ignorable and saved.get(k) != new.get(k))
+        differ = sorted(k for k in set(saved) | set(new) if k not in RESUME_MAY_CHANGE and saved.get(k) != new.get(k))
         if differ:
-            detail = ", ".join(f"{k}: {saved.get(k)!r} -> {new.get(k)!r}" for k in differ)
+            detail = "; ".join(f"{k}: {saved.get(k)!r} in the run, {new.get(k)!r} now" for k in differ)
             raise RunFolderError(f"--resume with a config that differs from the run in {self.path}: {detail}")
-        return self.latest_checkpoint()
+        sets = self.checkpoint_sets()
+        self._check_budget(new, sets)
+        return sets
+
+    def _check_budget(self, new: dict, sets: list[dict]) -> None:
+        max_steps, epochs = new.get("max_steps"), new.get("epochs")
+        if self.finished:
+            try:
+                summary = json.loads(self.summary_path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise RunFolderError(f"Unreadable summary {self.summary_path}: {exc}") from exc
+            steps, done = summary.get("steps", 0), summary.get("epochs", 0.0)
+            how = f"{self.path} holds a finished run ({steps} steps, {done:g} epochs)"
+            if max_steps is not None and max_steps <= steps:
+                raise RunFolderError(f"{how}: --max-steps {max_steps} does not extend it; give more than {steps}")
+            if epochs <= done + 1e-9:
+                raise RunFolderError(f"{how}: --epochs {epochs:g} does not extend it; give more than {done:g}")
+            return
+        if not sets:
+            return
+        newest = sets[0]
+        if max_steps is not None and max_steps < newest["step"]:
+            raise RunFolderError(
+                f"--max-steps {max_steps} is smaller than the {newest['step']} steps the run in {self.path} already did; nothing changed"
+            )
+        if newest.get("epochs") is not None and epochs < newest["epochs"] - 1e-9:
+            raise RunFolderError(
+                f"--epochs {epochs:g} is smaller than the {newest['epochs']:g} epochs the run in {self.path} already did; nothing changed"
+            )
 
     # -- writing (rank 0 only) -----------------------------------------------------------------
 
-    def begin(self, config_json: str, checkpoint: dict | None) -> None:
-        """Lay out the folder for a fresh run, or trim it back to the checkpoint resumed from."""
+    def begin(self, config_json: str, resuming: bool) -> None:
+        """Lay out the folder for a fresh run; a resumed one is trimmed later, by
+        :meth:`rewind`, once the workers have agreed on the checkpoint."""
+        if resuming:
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
-        if checkpoint is None:
-            atomic_write_text(self.config_path, config_json + "\n")
-            if self.metrics_path.exists():
-                self.metrics_path.unlink()  # a started run without any checkpoint: nothing to keep
-        else:
-            self._truncate_metrics(after_step=checkpoint["step"])
+        atomic_write_text(self.config_path, config_json + "\n")
+        if self.metrics_path.exists():
+            self.metrics_path.unlink()  # a started run without any checkpoint: nothing to keep
 
-    def _truncate_metrics(self, after_step: int) -> None:
-        """Drop records newer than the checkpoint: the resumed run writes them again."""
+    def rewind(self, entry: dict) -> None:
+        """Drop the records written after checkpoint ``entry``: the resumed run writes them again."""
+        self._lines = 0
         if not self.metrics_path.exists():
             return
-        kept = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-            if record.get("step", 0) <= after_step:
-                kept.append(line)
+        lines = self.metrics_path.read_text(encoding="utf-8").splitlines()
+        if entry.get("metrics_lines") is not None:
+            kept = lines[: entry["metrics_lines"]]
+        else:  # an index of older versions: records up to the checkpoint's step
+            kept = []
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a crash
+                if record.get("step", 0) <= entry["step"]:
+                    kept.append(line)
         atomic_write_text(self.metrics_path, "".join(f"{line}\n" for line in kept))
+        self._lines = len(kept)
+
+    @property
+    def metrics_lines(self) -> int:
+        """Lines of ``metrics.jsonl`` so far (counted once, then kept up to date by :meth:`log`)."""
+        if self._lines is None:
+            self._lines = len(self.metrics_path.read_bytes().splitlines()) if self.metrics_path.exists() else 0
+        return self._lines
 
     def log(self, record: dict) -> None:
         if self._metrics is None:
             self._metrics = open(self.metrics_path, "a", encoding="utf-8")
             self._sinks = open_sinks(self.loggers, self.path)
+        lines = self.metrics_lines
         self._metrics.write(json.dumps(record, sort_keys=True) + "\n")
         self._metrics.flush()
+        self._lines = lines + 1
         for sink in self._sinks:
             sink.log(record)
 
@@ -154,26 +218,34 @@ class RunFolder:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def checkpoint_file(self, step: int, rank: int) -> Path:
-        return self.checkpoints / f"step-{step}" / f"rank-{rank}.pt"
+    def checkpoint_file(self, name: str, rank: int) -> Path:
+        return self.checkpoints / name / f"rank-{rank}.pt"
 
-    def save_worker_checkpoint(self, state: dict, step: int, rank: int) -> None:
-        path = self.checkpoint_file(step, rank)
+    def save_worker_checkpoint(self, state: dict, name: str, rank: int) -> None:
+        path = self.checkpoint_file(name, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_torch_save(state, path)
 
-    def commit_checkpoint(self, step: int, world_size: int) -> None:
-        """Point ``latest.json`` at ``step`` (every rank's file exists) and drop older sets."""
-        missing = [r for r in range(world_size) if not self.checkpoint_file(step, r).exists()]
+    def commit_checkpoint(self, step: int, world_size: int, *, name: str | None = None, epochs: float | None = None, keep: int = 2) -> None:
+        """Put set ``name`` (every rank's file exists) first in the index, keep the newest
+        ``keep`` sets and delete the rest, sets newer than this one included: after a resume
+        from an older set they belong to the abandoned continuation."""
+        name = name or f"step-{step}"
+        missing = [r for r in range(world_size) if not self.checkpoint_file(name, r).exists()]
         if missing:
-            raise RunFolderError(f"checkpoint of step {step} lacks the files of ranks {missing}")
-        atomic_write_text(self.checkpoints / "latest.json", json.dumps({"step": step, "world_size": world_size}) + "\n")
+            raise RunFolderError(f"checkpoint {name} lacks the files of ranks {missing}")
+        entry = {"step": step, "dir": name, "epochs": epochs, "metrics_lines": self.metrics_lines}
+        older = [e for e in self.checkpoint_sets() if e["dir"] != name and e["step"] <= step]
+        kept = [entry, *older][:keep]
+        index = {"step": step, "world_size": world_size, "dir": name, "checkpoints": kept}
+        atomic_write_text(self.checkpoints / "latest.json", json.dumps(index) + "\n")
+        names = {e["dir"] for e in kept}
         for old in self.checkpoints.glob("step-*"):
-            if old.name != f"step-{step}":
+            if old.name not in names:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def load_worker_checkpoint(self, step: int, rank: int) -> dict:
-        path = self.checkpoint_file(step, rank)
+    def load_worker_checkpoint(self, name: str, rank: int) -> dict:
+        path = self.checkpoint_file(name, rank)
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:

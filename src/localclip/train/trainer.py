@@ -1,10 +1,18 @@
 """The training loop: one worker's run, the same under every runtime.
 
-:meth:`Trainer.train` owns the schedule (epochs, evaluation, logging, checkpoints);
+:meth:`Trainer.train` owns the schedule (epochs, evaluation, logging, checkpoints, stopping);
 :meth:`Trainer.train_step` owns one step (forward, backward, the algorithm's step). Every worker
 runs the same code; rank 0 alone writes the run folder. Metrics that need all workers (mean
 training loss, clip fraction) are summed with one small all-reduce at log steps, which every
 worker reaches at the same step.
+
+Checkpoints make a resumed run bit-identical to an uninterrupted one. Besides every
+``checkpoint_interval`` steps, one is written at the start of each epoch and one when the
+budget (``max_steps``, ``epochs``) runs out, before the final averaging, so that a larger budget
+continues a finished run exactly where a straight run with that budget would be. A stop request
+(SIGTERM/SIGINT, :mod:`localclip.interrupt`) is acted on at agreement points: every round
+boundary (every step for naive parallel clipping) and every epoch start, where one all-reduce
+of the request flags tells every worker whether to checkpoint and stop there.
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ import torch
 from localclip import rng
 from localclip.algorithms import CELGC, EPISODE, NaiveParallelClipping
 from localclip.outer import OuterSGD
+from localclip import interrupt
 from localclip.comm import current
-from localclip.errors import ConfigError, NonFiniteError
+from localclip.errors import ConfigError, Interrupted, NonFiniteError, RunFolderError
 from localclip.train.config import TrainConfig
 from localclip.train.inner import build_inner_algorithm
 from localclip.train.run_folder import RunFolder
@@ -96,6 +105,9 @@ class Trainer:
         self._resume_state = None
         self._eval_cache: dict = {}
         self._position, self._num_batches = 0, 1
+        self._saved_at: tuple | None = None  # (step, epoch, position) of the last checkpoint written or restored
+        # Agreement points for a stop request: where the algorithm communicates anyway.
+        self._agree_every = config.period if config.algorithm in ("celgc", "local-sgd") else 1
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint: restored when its epoch's batches have been set up."""
@@ -136,14 +148,18 @@ class Trainer:
     def num_epochs(self) -> int:
         return math.ceil(self.config.epochs)
 
+    def _budget_spent(self) -> bool:
+        return self.config.max_steps is not None and self.step >= self.config.max_steps
+
     def train(self) -> dict | None:
-        """Run to the end of the schedule (or ``max_steps``); return the summary on rank 0."""
+        """Run to the end of the schedule (or ``max_steps``); return the summary on rank 0.
+
+        Raises :class:`~localclip.errors.Interrupted` after checkpointing, on a stop request.
+        """
         cfg = self.config
         start = time.perf_counter()
-        done = False
-        first_epoch = self.epoch
         bar = self._progress_bar()
-        for epoch in range(first_epoch, self.num_epochs):
+        for epoch in range(self.epoch, self.num_epochs):
             self.epoch = epoch
             num_batches = self.workload.start_epoch(epoch)
             if bar is not None and bar.total is None:
@@ -157,45 +173,31 @@ class Trainer:
             limit = self._epoch_limit(epoch, num_batches)
             self._num_batches = num_batches
             self._position = self.workload_position()
-            for batch, scale in self.workload.batches():
-                if self._position >= limit:
-                    break
-                self._position += 1
-                comm_before, waited_before = self.comm.seconds, self.comm.waited
-                t0 = self.comm.clock()
-                loss = self.train_step(batch, scale)
-                dt = self.comm.clock() - t0
-                # A simulated worker's wait for the others' turns is neither its compute nor
-                # communication: leave it out of both.
-                comm_dt = self.comm.seconds - comm_before
-                self.time_comm += comm_dt
-                self.time_compute += dt - comm_dt - (self.comm.waited - waited_before)
-                self.step += 1
-                self._interval[0] += loss.double()
-                self._interval[1] += 1
-                if bar is not None:
-                    bar.update(1)
-                if self.step % cfg.log_interval == 0:
-                    self._log_train(bar)
-                if cfg.eval_interval and self.step % cfg.eval_interval == 0:
-                    self._log_eval(splits=("valid",))
-                if cfg.max_steps is not None and self.step >= cfg.max_steps:
-                    done = True
-                    break
-                if self.step % cfg.checkpoint_interval == 0:
-                    self.save_checkpoint()
+            if self._position < limit and not self._budget_spent():
+                self._run_epoch(limit, bar)
+            cut = self._budget_spent() or limit < num_batches
+            if cut:
+                # The budget ends inside this epoch: keep the state before the final averaging,
+                # where a run with a larger budget would carry on.
+                self.save_checkpoint()
             self.algorithm.average()  # end of the epoch: every worker holds the average
             if self._interval[1] > 0:
                 self._log_train(bar)
-            if done:
+            if cut:
                 break  # the final evaluation below covers this point
             self._end_of_epoch_eval()
-            if epoch + 1 < self.num_epochs:
-                # Checkpoint at the start of the next epoch, its batches set up, so a resume
-                # never replays the finished epoch.
-                self.epoch = epoch + 1
-                self.workload.start_epoch(self.epoch)
-                self.save_checkpoint()
+            # Checkpoint at the start of the next epoch, its batches set up, so a resume never
+            # replays the finished epoch; after the last epoch too, so more epochs can follow.
+            self.epoch = epoch + 1
+            self._num_batches, self._position = self.workload.start_epoch(self.epoch), 0
+            self.save_checkpoint()
+            if self.epoch < self.num_epochs:
+                self._stop_if_requested()
+        if self._resume_state is not None:
+            # Resumed at the very end (the last epoch's closing checkpoint): nothing left to train.
+            self._num_batches = self.workload.start_epoch(self.epoch)
+            self._restore(self._resume_state)
+            self._resume_state = None
         if bar is not None:
             bar.close()
         final = self._log_eval(splits=("valid", "test"), final=True)
@@ -216,6 +218,54 @@ class Trainer:
         summary.update(final)
         summary["model/sha256"] = state_hash(self.model)
         return summary
+
+    def _run_epoch(self, limit: int, bar) -> None:
+        """Steps until the epoch's ``limit`` or the budget: the epoch's last step returns at once
+        (its caller checkpoints), before the stream is asked for a batch it would not use."""
+        cfg = self.config
+        for batch, scale in self.workload.batches():
+            self._position += 1
+            comm_before, waited_before = self.comm.seconds, self.comm.waited
+            t0 = self.comm.clock()
+            loss = self.train_step(batch, scale)
+            dt = self.comm.clock() - t0
+            # A simulated worker's wait for the others' turns is neither its compute nor
+            # communication: leave it out of both.
+            comm_dt = self.comm.seconds - comm_before
+            self.time_comm += comm_dt
+            self.time_compute += dt - comm_dt - (self.comm.waited - waited_before)
+            self.step += 1
+            self._interval[0] += loss.double()
+            self._interval[1] += 1
+            if bar is not None:
+                bar.update(1)
+            if self.step % cfg.log_interval == 0:
+                self._log_train(bar)
+            if cfg.eval_interval and self.step % cfg.eval_interval == 0:
+                self._log_eval(splits=("valid",))
+            if self._position >= limit or self._budget_spent():
+                return
+            if self.step % cfg.checkpoint_interval == 0:
+                self.save_checkpoint()
+            if self.step % self._agree_every == 0:
+                self._stop_if_requested()
+
+    def _stop_if_requested(self) -> None:
+        """At an agreement point: if any worker was asked to stop, every worker checkpoints here
+        and raises :class:`Interrupted`. One all-reduce (max) of the request flags."""
+        flag = torch.tensor([float(interrupt.requested())])
+        if self.world_size > 1:
+            self.comm.all_reduce([flag], op="max")  # control only: not part of the algorithm's traffic
+        signum = int(flag.item())
+        if not signum:
+            return
+        self.save_checkpoint()
+        self.comm.barrier()  # rank 0 has moved latest.json before anyone reports the stop
+        name = {int(s): s.name for s in interrupt.SIGNALS}.get(signum, f"signal {signum}")
+        raise Interrupted(
+            f"interrupted by {name} at step {self.step} (epoch {self._epoch_progress():.4g}); checkpoint saved, resumable: "
+            f"run the same command with --resume"
+        )
 
     def _epoch_progress(self) -> float:
         """Epochs done so far, fractional within an epoch."""
@@ -353,10 +403,19 @@ class Trainer:
     def save_checkpoint(self) -> None:
         if self.run_folder is None:
             return
-        self.run_folder.save_worker_checkpoint(self.state_dict(), self.step, self.rank)
+        here = (self.step, self.epoch, self._position)
+        if here == self._saved_at:
+            return  # this very state is already on disk (just written, or resumed from)
+        # The start of an epoch gets its own name: the last step of the previous epoch may
+        # have a checkpoint of its own, a different state at the same step.
+        name = f"step-{self.step}-epoch-{self.epoch}" if self._position == 0 and self.epoch > 0 else f"step-{self.step}"
+        self.run_folder.save_worker_checkpoint(self.state_dict(), name, self.rank)
         self.comm.barrier()  # every rank's file exists before latest.json moves
         if self.rank == 0:
-            self.run_folder.commit_checkpoint(self.step, self.world_size)
+            self.run_folder.commit_checkpoint(
+                self.step, self.world_size, name=name, epochs=self._epoch_progress(), keep=self.config.keep_checkpoints
+            )
+        self._saved_at = here
 
     def _restore(self, state: dict) -> None:
         with torch.no_grad():
@@ -370,17 +429,52 @@ class Trainer:
         self._interval.copy_(state["interval"])
         self._clipped_seen = state["clipped_seen"]
         self.generator.set_state(state["rng"])
+        self._position = self.workload_position()
+        self._saved_at = (self.step, self.epoch, self._position)
 
 
-def run_worker(config: TrainConfig, run_path: str | None, checkpoint: dict | None, progress: bool = True):
-    """Entry point of one worker under any runtime (module-level, so spawn can import it)."""
+def run_worker(config: TrainConfig, run_path: str | None, checkpoints: list[dict] | None, progress: bool = True):
+    """Entry point of one worker under any runtime (module-level, so spawn can import it).
+
+    ``checkpoints``: the run folder's kept checkpoint sets, newest first, to resume from the
+    newest one that loads on every worker (empty or None: a fresh run).
+    """
     if config.threads:
         torch.set_num_threads(config.threads)
     run = RunFolder(run_path, loggers=config.loggers) if run_path is not None else None
     trainer = Trainer(config, run, progress=progress)
-    if checkpoint is not None:
-        trainer.resume(run.load_worker_checkpoint(checkpoint["step"], trainer.rank))
+    if checkpoints:
+        entry, state = _agree_on_checkpoint(trainer, run, checkpoints)
+        if trainer.rank == 0:
+            run.rewind(entry)
+        trainer.resume(state)
     summary = trainer.train()
     if trainer.run is not None:
         trainer.run.finish(summary)
     return summary
+
+
+def _agree_on_checkpoint(trainer: Trainer, run: RunFolder, checkpoints: list[dict]) -> tuple[dict, dict]:
+    """Load this worker's file of each kept set; one all-reduce tells everyone which sets failed
+    anywhere; every worker takes the newest set that loaded everywhere."""
+    import sys
+
+    states, failures = [], []
+    for entry in checkpoints:
+        try:
+            states.append(run.load_worker_checkpoint(entry["dir"], trainer.rank))
+            failures.append(0.0)
+        except RunFolderError as exc:
+            states.append(None)
+            failures.append(1.0)
+            print(f"localclip: warning: {exc}", file=sys.stderr, flush=True)
+    flags = torch.tensor(failures)
+    trainer.comm.all_reduce([flags], op="max")
+    for entry, state, failed in zip(checkpoints, states, flags.tolist()):
+        if not failed:
+            if entry is not checkpoints[0] and trainer.rank == 0:
+                print(f"localclip: warning: resuming from the older checkpoint {entry['dir']}: a newer one does not load on every worker",
+                      file=sys.stderr, flush=True)
+            return entry, state
+    names = ", ".join(e["dir"] for e in checkpoints)
+    raise RunFolderError(f"rank {trainer.rank}: no checkpoint of {run.checkpoints} loads on every worker (tried {names}); see the warnings above")

@@ -16,11 +16,28 @@ import torch.nn.functional as F
 from localclip import data, rng
 from localclip.comm import Communicator
 from localclip.errors import ConfigError
-from localclip.models import GPT, ar_tar_penalty, build_model, detach_hidden
+from localclip.models import GPT, ar_tar_penalty, build_model, check_model_options, detach_hidden
 from localclip.models.gpt import check_windows
 from localclip.train.config import TrainConfig
 
-__all__ = ["make_workload", "LMWorkload", "ImageWorkload"]
+__all__ = ["make_workload", "check_model", "LMWorkload", "ImageWorkload"]
+
+_LM_MODELS = {"lstm": "lstm", "awd_lstm": "awd_lstm", "gpt": "gpt"}
+_IMAGE_CHANNELS = {"fashion-mnist": 1, "cifar10": 3}
+
+
+def check_model(config: TrainConfig) -> None:
+    """Refuse a model name or ``model_options`` that the workload could not build, before a run
+    folder is written (the vocabulary size is not known yet: any positive one checks the rest)."""
+    if config.task == "lm":
+        name = _LM_MODELS.get(config.model)
+        if name is None:
+            raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm or awd_lstm)")
+        check_model_options(name, config.model_options, ntoken=10)
+        return
+    if not config.model.startswith("resnet"):
+        raise ConfigError(f"Invalid model for the image task: {config.model!r} (expected resnetD, e.g. resnet20)")
+    check_model_options(config.model, config.model_options, num_classes=10, in_channels=_IMAGE_CHANNELS.get(config.dataset, 3))
 
 
 def make_workload(config: TrainConfig, comm: Communicator):
@@ -38,9 +55,10 @@ class LMWorkload:
         self.config, self.comm = config, comm
         if config.dataset not in data.CORPORA:
             raise ConfigError(f"Invalid dataset for the lm task: {config.dataset!r} (expected one of {', '.join(data.CORPORA)})")
-        self.corpus = data.load_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus)
+        # Workers do not warn about a custom corpus: the launcher says it once (run_training).
+        self.corpus = data.load_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus, warn=False)
         self.ntokens = len(self.corpus.vocab)
-        name = {"lstm": "lstm", "awd_lstm": "awd_lstm", "gpt": "gpt"}.get(config.model)
+        name = _LM_MODELS.get(config.model)
         if name is None:
             raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm, awd_lstm or gpt)")
         # The same x0 on every worker: initial weights come from the run's seed alone.

@@ -1,0 +1,102 @@
+"""Continuing runs: a finished run extended with a larger budget, and a resume that falls back to
+an older checkpoint when the newest does not load. Each must equal the straight run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localclip.cli import main
+
+from test_train import SHARED, SMOKE
+
+pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
+
+ARGS = ["--workers", "2", "--period", "3", "--set", "checkpoint_interval=5"]
+
+
+def train(out: Path, *args) -> None:
+    assert main(["train", "ptb-small", *ARGS, *args, "--out", str(out), *SMOKE]) == 0
+
+
+def summary(out: Path) -> dict:
+    return {k: v for k, v in json.loads((out / "summary.json").read_text()).items() if not k.startswith("time/")}
+
+
+def records(out: Path) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    assert summary(a) == summary(b)
+    assert records(a) == records(b)
+
+
+@pytest.fixture(scope="module")
+def straight40(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight") / "run"
+    train(out, "--max-steps", "40")
+    return out
+
+
+def test_a_finished_run_extended_equals_the_straight_run(tmp_path, straight40):
+    out = tmp_path / "run"
+    train(out, "--max-steps", "20")
+    assert summary(out)["steps"] == 20 and any(r.get("final") for r in records(out))
+    train(out, "--max-steps", "40", "--resume")
+    assert_same_run(out, straight40)  # no trace of the first run's final averaging or evaluation
+
+
+def test_the_last_checkpoints_are_kept(tmp_path):
+    out = tmp_path / "run"
+    train(out, "--max-steps", "12", "--set", "keep_checkpoints=3")
+    index = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert [e["step"] for e in index["checkpoints"]] == [12, 10, 5]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["step-10", "step-12", "step-5"]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, straight40, capfd):
+    out = tmp_path / "run"
+    train(out, "--max-steps", "20")
+    newest = out / "checkpoints" / "step-20" / "rank-1.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a truncated file, as a full disk leaves it
+    capfd.readouterr()
+    train(out, "--max-steps", "40", "--resume")
+    err = capfd.readouterr().err
+    assert f"rank 1: cannot read checkpoint {newest}" in err
+    assert "resuming from the older checkpoint step-15" in err
+    assert_same_run(out, straight40)
+
+
+def test_a_finished_run_extended_equals_the_straight_run_under_spawn(tmp_path):
+    spawn = ["--runtime", "spawn", "--set", "threads=1"]
+    train(tmp_path / "straight", "--max-steps", "16", *spawn)
+    train(tmp_path / "run", "--max-steps", "8", *spawn)
+    train(tmp_path / "run", "--max-steps", "16", "--resume", *spawn)
+    assert_same_run(tmp_path / "run", tmp_path / "straight")
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    """PTB with 1/150 of its training text: an epoch of a dozen steps, so epochs can be extended."""
+    root = tmp_path_factory.mktemp("tiny") / "ptbdataset"
+    root.mkdir()
+    for split in ("train", "valid", "test"):
+        lines = (SHARED / "ptbdataset" / f"{split}.txt").read_text().splitlines(keepends=True)
+        (root / f"{split}.txt").write_text("".join(lines[: len(lines) // 150] if split == "train" else lines))
+    return root
+
+
+@pytest.mark.parametrize("first,then", [("1", "2"), ("1.5", "2.5")])
+def test_more_epochs_continue_a_finished_run_as_a_straight_run(tmp_path, tiny_corpus, first, then):
+    """Ending at an epoch boundary (checkpoint after the epoch's evaluation) and inside an epoch
+    (checkpoint before the final averaging) both continue exactly."""
+    tiny = ["--allow-custom-corpus", "--data-root", str(tiny_corpus), "--set", "asgd_patience=1", "--set", "lr_decay_epochs=[1]"]
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    assert main(["train", "ptb-small", *ARGS, *tiny, "--epochs", then, "--out", str(straight), *SMOKE[2:]]) == 0
+    assert main(["train", "ptb-small", *ARGS, *tiny, "--epochs", first, "--out", str(out), *SMOKE[2:]]) == 0
+    assert summary(out)["epochs"] == pytest.approx(float(first), abs=0.05)
+    assert main(["train", "ptb-small", *ARGS, *tiny, "--epochs", then, "--resume", "--out", str(out), *SMOKE[2:]]) == 0
+    assert summary(straight)["steps"] >= 15  # epochs of several steps each
+    assert_same_run(out, straight)
