@@ -106,16 +106,14 @@ def fit_l0_l1(grad_norms: Sequence[float], smoothness: Sequence[float]) -> dict:
 # -- a run's trajectory ------------------------------------------------------------------------
 
 
-def _checkpoint_steps(run: RunFolder) -> list[int]:
-    steps = []
+def _checkpoint_steps(run: RunFolder) -> list[tuple[int, str]]:
+    """(step, folder name) of every checkpoint on disk, by step (``step-N`` or ``step-N-epoch-E``)."""
+    found = []
     for folder in run.checkpoints.glob("step-*"):
-        try:
-            step = int(folder.name.split("-", 1)[1])
-        except ValueError:
-            continue
-        if (folder / "rank-0.pt").is_file():
-            steps.append(step)
-    return sorted(steps)
+        digits = folder.name.split("-")[1]
+        if digits.isdigit() and (folder / "rank-0.pt").is_file():
+            found.append((int(digits), folder.name))
+    return sorted(found)
 
 
 def probe_run(
@@ -158,8 +156,8 @@ def probe_run(
     params = [p for p in model.parameters() if p.requires_grad]
     start_state = {k: v.clone() for k, v in model.state_dict().items()}
     sources = ([("start", 0, 0, start_state)] if include_start else [])
-    for step in checkpoints:
-        state = run.load_worker_checkpoint(step, 0)
+    for step, name in checkpoints:
+        state = run.load_worker_checkpoint(name, 0)
         sources.append((f"step {step}", step, state["epoch"], state["model"]))
 
     points = []
