@@ -187,7 +187,6 @@ class PeriodicAverager:
         self.compression = compression
         self.outer = outer
         self.chunk_bytes = chunk_bytes
-        self._last_round_step = 0
 
         self._names, self._buckets = self._flatten(module, average_buffers)
         if not self._buckets:
