@@ -13,12 +13,12 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from localclip.optim.clipped_sgd import grad_norm
+from localclip.optim.clipped_sgd import ClipStatistics, grad_norm
 
 __all__ = ["ClippedAdamW"]
 
 
-class ClippedAdamW(torch.optim.AdamW):
+class ClippedAdamW(ClipStatistics, torch.optim.AdamW):
     r"""``clip_grad_norm_(params, max_grad_norm)`` then ``torch.optim.AdamW.step()``, in one call.
 
     For the raw gradient :math:`g` of every parameter that has one (all groups together):
@@ -81,30 +81,9 @@ class ClippedAdamW(torch.optim.AdamW):
         for group in self.param_groups:
             group.setdefault("max_grad_norm", math.inf)
 
-    # -- statistics (as ClippedSGD's) ----------------------------------------------------------
+    # -- statistics: ClipStatistics, kept up to date by step() ------------------------------------
 
     clip_mode = "local"  # the only one: each worker clips with its own gradient's norm
-
-    @property
-    def clip_fraction(self) -> Tensor:
-        """Fraction of steps so far that were clipped (a 0-dim tensor; NaN before any step)."""
-        return self._clipped_steps / self._steps if self._steps else torch.tensor(math.nan)
-
-    @property
-    def clipped_steps(self) -> Tensor:
-        return self._clipped_steps
-
-    @property
-    def skipped_steps(self) -> Tensor:
-        return self._skipped_steps
-
-    @property
-    def steps(self) -> int:
-        return self._steps
-
-    @property
-    def last_grad_norm(self) -> Tensor:
-        return self._last_grad_norm
 
     # -- the step ------------------------------------------------------------------------------
 

@@ -12,12 +12,43 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["ClippedSGD", "CLIP_MODES", "clipped_sgd"]
+__all__ = ["ClipStatistics", "ClippedSGD", "CLIP_MODES", "clipped_sgd"]
 
 CLIP_MODES = ("local", "global_average", "max", "none")
 
 
-class ClippedSGD(torch.optim.Optimizer):
+class ClipStatistics:
+    """What a clipping optimizer reports: counts of clipped and skipped steps and the last norm.
+
+    The optimizer keeps ``_steps`` (an int) and the 0-dim tensors ``_clipped_steps``,
+    ``_skipped_steps`` and ``_last_grad_norm`` up to date in its step (no host sync).
+    """
+
+    @property
+    def clip_fraction(self) -> Tensor:
+        """Fraction of steps so far that were clipped (a 0-dim tensor; NaN before any step)."""
+        return self._clipped_steps / self._steps if self._steps else torch.tensor(math.nan)
+
+    @property
+    def clipped_steps(self) -> Tensor:
+        return self._clipped_steps
+
+    @property
+    def skipped_steps(self) -> Tensor:
+        """Steps skipped because the gradient norm was NaN or infinite (a 0-dim tensor)."""
+        return self._skipped_steps
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @property
+    def last_grad_norm(self) -> Tensor:
+        """The raw local gradient norm of the last step (a 0-dim tensor)."""
+        return self._last_grad_norm
+
+
+class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
     r"""SGD whose step length is bounded by clipping: the update of CELGC.
 
     For parameters :math:`x` (all parameter groups together) with raw gradient :math:`g`:
@@ -114,31 +145,6 @@ class ClippedSGD(torch.optim.Optimizer):
             group.setdefault("foreach", None)
             group.setdefault("fused", None)
             group.setdefault("nesterov", False)
-
-    # -- statistics ----------------------------------------------------------------------------
-
-    @property
-    def clip_fraction(self) -> Tensor:
-        """Fraction of steps so far that were clipped (a 0-dim tensor; NaN before any step)."""
-        return self._clipped_steps / self._steps if self._steps else torch.tensor(math.nan)
-
-    @property
-    def clipped_steps(self) -> Tensor:
-        return self._clipped_steps
-
-    @property
-    def skipped_steps(self) -> Tensor:
-        """Steps skipped because the gradient norm was NaN or infinite (a 0-dim tensor)."""
-        return self._skipped_steps
-
-    @property
-    def steps(self) -> int:
-        return self._steps
-
-    @property
-    def last_grad_norm(self) -> Tensor:
-        """The raw local gradient norm of the last step (a 0-dim tensor)."""
-        return self._last_grad_norm
 
     def set_reference_norm(self, norm: Tensor | float | None) -> None:
         """Set the norm that the ``global_average`` and ``max`` clip modes use until replaced."""
