@@ -348,6 +348,10 @@ def _short(cfg: TrainConfig) -> str:
         text += f" K={r.participants}"
     if r.seed != 2020:
         text += f" seed={r.seed}"
+    if r.outer_optimizer != "none":
+        text += f" outer={r.outer_optimizer}(lr={r.outer_lr:g}, μ={r.outer_momentum:g})"
+    if r.compression != "none":
+        text += f" compression={r.compression}"
     if r.max_steps:
         text += f" max_steps={r.max_steps}"
     return text
