@@ -1,6 +1,11 @@
 """Sweeps with --jobs: several runs at once in child processes, the same numbers whatever J."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -168,3 +173,67 @@ def test_converge_report_numbers(tmp_path):
     assert n["s to target 1 Gbit/s, 97 MB"] == pytest.approx(expect_n) and c["s to target 1 Gbit/s, 97 MB"] == pytest.approx(expect_c)
     assert c["s to target 10 Gbit/s"] == pytest.approx(90 * per_step + 11 * LATENCY + 11 * 1000 * 8 / 10e9)
     assert c["naive/this 1 Gbit/s, 97 MB"] == pytest.approx(expect_n / expect_c) and n["naive/this 1 Gbit/s, 97 MB"] == pytest.approx(1)
+
+
+def _start_sweep(root, tmp):
+    """A two-run sweep with --jobs 2 that would run for minutes; its temporary files (and so
+    its children's command lines) under ``tmp``."""
+    overrides = [arg for o in SMALL + ["checkpoint_interval=2"] for arg in ("--set", o)]
+    cmd = [sys.executable, "-m", "localclip.cli", "sweep", "isweep", "--root", str(root), "--only", "celgc-I4", "naive",
+           "--jobs", "2", "--max-steps", "100000", "--data-root", str(SHARED), *overrides]
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+
+
+def _wait_for_checkpoints(proc, root, timeout=180):
+    deadline = time.monotonic() + timeout
+    folders = [root / "isweep" / run / "checkpoints" / "latest.json" for run in ("celgc-I4", "naive")]
+    while not all(f.exists() for f in folders):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the sweep's runs never checkpointed"
+        time.sleep(0.5)
+
+
+def _children(tmp) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"localclip.experiments.runner {tmp}"], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def _wait_gone(tmp, timeout=90):
+    deadline = time.monotonic() + timeout
+    while _children(tmp):
+        assert time.monotonic() < deadline, f"child runs still alive: {_children(tmp)}"
+        time.sleep(0.5)
+
+
+@needs_ptb
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL"])
+def test_a_stopped_sweep_leaves_no_run_behind_and_resumes(tmp_path, signum):
+    """SIGTERM to the sweep stops its children (checkpoint, marked interrupted); SIGKILL, which
+    the sweep cannot catch, stops them too (the kernel tells each child its parent died)."""
+    root, tmp = tmp_path / "sweeps", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = _start_sweep(root, tmp)
+    try:
+        _wait_for_checkpoints(proc, root)
+        assert len(_children(tmp)) == 2
+        proc.send_signal(getattr(signal, signum))
+        output = proc.communicate(timeout=90)[0]
+        _wait_gone(tmp)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _children(tmp):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0, output
+    for run in ("celgc-I4", "naive"):
+        folder = root / "isweep" / run
+        assert not (folder / "summary.json").exists()
+        assert (folder / "checkpoints" / "latest.json").exists()
+    if signum == "SIGTERM":
+        status = json.loads((root / "isweep" / "sweep.json").read_text())
+        assert {r["name"]: r.get("status") for r in status["runs"] if r["selected"]} == {"celgc-I4": "interrupted", "naive": "interrupted"}
+    # The next invocation resumes both (a short budget now) and finishes them.
+    outcome = experiments.run_sweep("isweep", root, jobs=2, data_root=str(SHARED), only=["celgc-I4", "naive"],
+                                    max_steps=8, overrides=SMALL + ["checkpoint_interval=2"], echo=lambda _: None)
+    assert outcome == {"celgc-I4": "resumed", "naive": "resumed"}

@@ -26,9 +26,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from localclip.errors import Interrupted, LocalclipError
@@ -227,7 +229,7 @@ class _Sweep:
         free = list(range(jobs))
         running: dict[int, tuple] = {}  # slot -> (tag, run name, process, spec folder, log file)
         queue = list(pending)
-        with tempfile.TemporaryDirectory(prefix=f"localclip-sweep-{self.name}-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"localclip-sweep-{self.name}-") as tmp, _sigterm_stops_the_sweep():
             try:
                 while queue or running:
                     while queue and free:
@@ -263,6 +265,11 @@ class _Sweep:
 
     def _collect(self, tag: str, run_name: str, returncode: int, spec: Path) -> None:
         result_path = spec / "result.json"
+        if returncode == Interrupted.exit_code and not result_path.exists():
+            # Stopped on its own signal (not the sweep's), checkpointed: resumable, not failed.
+            self.echo(f"{tag}: interrupted (checkpointed; run the sweep again to resume it)")
+            self.interrupted([run_name])
+            return
         try:
             result = json.loads(result_path.read_text())
         except (OSError, json.JSONDecodeError):
@@ -275,9 +282,43 @@ class _Sweep:
             self.failed(tag, run_name, result["error"], result.get("traceback"))
 
 
+@contextmanager
+def _sigterm_stops_the_sweep():
+    """SIGTERM (a scheduler's stop, ``kill``) stops the sweep as Ctrl-C does: the children are
+    asked to checkpoint and marked interrupted. Python's default would end this process at once
+    and leave its children training, unseen by the next invocation."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001 - the signal module's signature
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_with_parent(parent: int) -> None:
+    """Ask the kernel for SIGTERM (checkpoint and stop) when the sweep process dies, even by
+    SIGKILL: an orphaned run would go on writing into a folder the next sweep resumes (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the sweep died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _start_child(spec: Path, cfg: TrainConfig, out: Path, runtime: str, resume: bool, cores: list[int]):
     spec.mkdir(parents=True)
-    job = {"config": cfg.to_dict(), "out": str(out), "runtime": runtime, "resume": resume, "cores": cores, "result": str(spec / "result.json")}
+    job = {"config": cfg.to_dict(), "out": str(out), "runtime": runtime, "resume": resume, "cores": cores,
+           "result": str(spec / "result.json"), "parent": os.getpid()}
     (spec / "job.json").write_text(json.dumps(job))
     log = open(spec / "log.txt", "wb")
     # A new session: a Ctrl-C in the terminal reaches the sweep alone, which then stops each
@@ -298,6 +339,8 @@ def _tail(path: Path, chars: int = 600) -> str:
 def _child(job_path: str) -> int:
     """One run of a sweep in this (child) process, as :meth:`_Sweep.run_here` would run it."""
     job = json.loads(Path(job_path).read_text())
+    if job.get("parent"):
+        _stop_with_parent(job["parent"])
     if job.get("cores") and hasattr(os, "sched_setaffinity"):
         import torch
 
@@ -310,6 +353,8 @@ def _child(job_path: str) -> int:
     try:
         summary = run_training(config_from_dict(job["config"]), job["out"], runtime=job["runtime"], resume=job["resume"], progress=False)
         result = {"status": "ok", "summary": summary}
+    except Interrupted:
+        return Interrupted.exit_code  # checkpointed: the next invocation resumes it, no result
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - reported to the sweep with its traceback
