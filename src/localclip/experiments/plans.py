@@ -188,6 +188,37 @@ def image(epochs: float = 5.0) -> Plan:
     ]
 
 
+# -- beyond the paper (issue 14) -------------------------------------------------------------------
+
+
+@sweep("episode-image")
+def episode_image(epochs: float = 3.0) -> Plan:
+    """EPISODE against CELGC and naive parallel clipping under label skew — Fashion-MNIST ResNet-8, N=8, I=8.
+
+    The ``fmnist-resnet`` recipe with the heterogeneous split at similarity 0: the training set
+    sorted by label and cut into 8 contiguous parts, so each worker sees one or two of the 10
+    classes. ``celgc-I8-iid`` is the same run on the iid split, the gap heterogeneity opens.
+    4 runs of ``epochs`` epochs (default 3), 4 validations per epoch.
+    """
+    skew = dict(heterogeneous=True, similarity=0.0)
+    return [
+        ("naive-skew", _fmnist(epochs, algorithm="naive", workers=8, period=1, **skew)),
+        ("celgc-I8-skew", _fmnist(epochs, algorithm="celgc", workers=8, period=8, **skew)),
+        ("episode-I8-skew", _fmnist(epochs, algorithm="episode", workers=8, period=8, **skew)),
+        ("celgc-I8-iid", _fmnist(epochs, algorithm="celgc", workers=8, period=8)),
+    ]
+
+
+@sweep("compression")
+def compression(epochs: float = 1.0) -> Plan:
+    """Compressed rounds — ptb-small, N=8, CELGC I=8: float32 against bf16 and fp16 changes, same seed.
+
+    3 runs of ``epochs`` epochs (default 1), 8 validations per epoch; ``comm/bytes`` is counted
+    from the tensors each round sends.
+    """
+    return [(f"celgc-I8-{c}", _ptb(epochs, algorithm="celgc", workers=8, period=8, compression=c)) for c in ("none", "bf16", "fp16")]
+
+
 # -- at convergence (issue 12) ---------------------------------------------------------------------
 
 # The largest η at which local SGD without clipping (I=8, N=8, the ptb-converge recipe) does not
