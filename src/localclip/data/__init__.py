@@ -12,90 +12,10 @@ Nothing here imports ``torch.distributed``: every worker computes its own view f
 ``(seed, rank, world_size, epoch)``, and identical arguments give identical answers.
 """
 
-from localclip.data.corpora import (
-    CORPORA,
-    EOS,
-    Corpus,
-    CorpusSpec,
-    CustomCorpusWarning,
-    Vocabulary,
-    corpus_path,
-    verify_corpus,
-    file_sha256,
-    load_corpus,
-    load_corpus_from_dir,
-    read_tokens,
-    resolve_data_root,
-    split_lines,
-    tokenize_lines,
-)
-from localclip.data.download import SOURCES, CorpusSource, download_corpus
-from localclip.data.images import (
-    CIFAR10_CLASSES,
-    FASHION_MNIST_CLASSES,
-    FASHION_MNIST_ROOT,
-    ImageBatchStream,
-    ImageDataset,
-    ImageSplits,
-    channel_stats,
-    dirichlet_partition,
-    iid_worker_indices,
-    label_skew_partition,
-    load_cifar10,
-    load_fashion_mnist,
-    read_idx,
-)
-from localclip.data.sharding import (
-    BPTTSchedule,
-    LMBatchStream,
-    batchify,
-    get_batch,
-    sample_participants,
-    shard_index,
-    worker_shard,
-)
+from localclip.data import corpora, download, images, sharding
+from localclip.data.corpora import *  # noqa: F403 - each submodule's __all__ is its public face
+from localclip.data.download import *  # noqa: F403
+from localclip.data.images import *  # noqa: F403
+from localclip.data.sharding import *  # noqa: F403
 
-__all__ = [
-    # corpora
-    "CORPORA",
-    "EOS",
-    "Corpus",
-    "CorpusSpec",
-    "CustomCorpusWarning",
-    "Vocabulary",
-    "corpus_path",
-    "verify_corpus",
-    "file_sha256",
-    "load_corpus",
-    "load_corpus_from_dir",
-    "read_tokens",
-    "resolve_data_root",
-    "split_lines",
-    "tokenize_lines",
-    # download
-    "SOURCES",
-    "CorpusSource",
-    "download_corpus",
-    # sharding
-    "BPTTSchedule",
-    "LMBatchStream",
-    "batchify",
-    "get_batch",
-    "sample_participants",
-    "shard_index",
-    "worker_shard",
-    # images
-    "CIFAR10_CLASSES",
-    "FASHION_MNIST_CLASSES",
-    "FASHION_MNIST_ROOT",
-    "ImageBatchStream",
-    "ImageDataset",
-    "ImageSplits",
-    "channel_stats",
-    "dirichlet_partition",
-    "iid_worker_indices",
-    "label_skew_partition",
-    "load_cifar10",
-    "load_fashion_mnist",
-    "read_idx",
-]
+__all__ = [*corpora.__all__, *download.__all__, *sharding.__all__, *images.__all__]
