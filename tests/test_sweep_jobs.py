@@ -109,6 +109,23 @@ def test_converge_sweeps_plan_what_the_issue_asks():
         decay_epochs, decay = converge_schedule(epochs, start)
         assert decay ** len(decay_epochs) == pytest.approx(1 / 256) and decay_epochs[0] >= 1 and decay_epochs[-1] < epochs
     assert converge_schedule(0.05, 1 / 3) == ([], 1.0)  # a smoke run too short to decay
+    # At 6 epochs the scenarios are as long as the main runs: naive is their baseline, no copy of it.
+    six = dict(experiments.plan("converge", epochs=6))
+    assert "naive-short" not in six and all(c.epochs == 6 for c in six.values())
+    beyond = {n: six[n] for n in ("celgc-I32-nesterov", "celgc-I256-nesterov", "celgc-I8-bf16", "episode-I32-hetero")}
+    assert [c.outer_optimizer for c in beyond.values()] == ["nesterov", "nesterov", "none", "none"]
+    assert beyond["celgc-I8-bf16"].compression == "bf16" and beyond["episode-I32-hetero"].heterogeneous
+
+
+def test_issue_14_sweeps_compare_like_with_like():
+    image = dict(experiments.plan("episode-image"))
+    assert {n: c.algorithm for n, c in image.items()} == {
+        "naive-skew": "naive", "celgc-I8-skew": "celgc", "episode-I8-skew": "episode", "celgc-I8-iid": "celgc"}
+    assert all(c.heterogeneous and c.similarity == 0 for n, c in image.items() if n.endswith("-skew"))
+    assert not image["celgc-I8-iid"].heterogeneous and {c.period for n, c in image.items() if n != "naive-skew"} == {8}
+    runs = dict(experiments.plan("compression"))
+    assert [c.compression for c in runs.values()] == ["none", "bf16", "fp16"]
+    assert len({(c.seed, c.period, c.lr, c.gamma, c.workers) for c in runs.values()}) == 1
 
 
 @pytest.mark.slow  # eight ptb-converge workers per run: about 40 s on a loaded 2-core machine
