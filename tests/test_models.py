@@ -497,3 +497,17 @@ def test_build_model():
     assert "resnet56" in MODELS
     with pytest.raises(ValueError, match="'vgg'"):
         build_model("vgg")
+
+
+def test_resnet_groupnorm_has_no_buffers_and_ignores_the_rest_of_the_batch():
+    """norm="group": the same parameters as BatchNorm, no running statistics, and a sample's
+    output in training mode does not depend on the other samples of its batch."""
+    batch, group = resnet(8, in_channels=1), resnet(8, in_channels=1, norm="group")
+    assert sum(p.numel() for p in group.parameters()) == sum(p.numel() for p in batch.parameters())
+    assert list(group.buffers()) == [] and any(isinstance(m, nn.GroupNorm) for m in group.modules())
+    group.train()
+    x = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    alone, together = group(x[:1]), group(torch.cat([x[:1], 10 * x[1:]]))[:1]
+    torch.testing.assert_close(alone, together)
+    with pytest.raises(ConfigError, match="'layer'"):
+        resnet(8, norm="layer")

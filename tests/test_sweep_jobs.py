@@ -120,9 +120,10 @@ def test_converge_sweeps_plan_what_the_issue_asks():
 def test_issue_14_sweeps_compare_like_with_like():
     image = dict(experiments.plan("episode-image"))
     assert {n: c.algorithm for n, c in image.items()} == {
-        "naive-skew": "naive", "celgc-I8-skew": "celgc", "episode-I8-skew": "episode", "celgc-I8-iid": "celgc"}
-    assert all(c.heterogeneous and c.similarity == 0 for n, c in image.items() if n.endswith("-skew"))
-    assert not image["celgc-I8-iid"].heterogeneous and {c.period for n, c in image.items() if n != "naive-skew"} == {8}
+        "naive-skew": "naive", "celgc-I8-skew": "celgc", "episode-I8-skew": "episode", "celgc-I8-iid": "celgc", "naive-skew-bn": "naive"}
+    assert all(c.heterogeneous and c.similarity == 0 for n, c in image.items() if "-skew" in n)
+    assert not image["celgc-I8-iid"].heterogeneous and {c.period for n, c in image.items() if "naive" not in n} == {8}
+    assert [n for n, c in image.items() if c.model_options.get("norm") != "group"] == ["naive-skew-bn"]
     runs = dict(experiments.plan("compression"))
     assert [c.compression for c in runs.values()] == ["none", "bf16", "fp16"]
     assert len({(c.seed, c.period, c.lr, c.gamma, c.workers) for c in runs.values()}) == 1

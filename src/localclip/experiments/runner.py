@@ -385,6 +385,8 @@ def _short(cfg: TrainConfig) -> str:
         text += f" decay×{r.lr_decay:.3g}@{r.lr_decay_epochs[0]}..{r.lr_decay_epochs[-1]}"
     if r.model_options.get("dropout"):
         text += f" dropout={r.model_options['dropout']:g}"
+    if r.model_options.get("norm"):
+        text += f" norm={r.model_options['norm']}"
     if r.momentum:
         text += f" μ={r.momentum:g}"
     if r.heterogeneous:
