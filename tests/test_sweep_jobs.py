@@ -251,7 +251,10 @@ def test_a_stopped_sweep_leaves_no_run_behind_and_resumes(tmp_path, signum):
     if signum == "SIGTERM":
         status = json.loads((root / "isweep" / "sweep.json").read_text())
         assert {r["name"]: r.get("status") for r in status["runs"] if r["selected"]} == {"celgc-I4": "interrupted", "naive": "interrupted"}
-    # The next invocation resumes both (a short budget now) and finishes them.
+    # The next invocation resumes both (a budget a few steps past the furthest checkpoint: how
+    # far the runs got before the signal depends on the machine's load) and finishes them.
+    done = max(json.loads((root / "isweep" / run / "checkpoints" / "latest.json").read_text())["step"]
+               for run in ("celgc-I4", "naive"))
     outcome = experiments.run_sweep("isweep", root, jobs=2, data_root=str(SHARED), only=["celgc-I4", "naive"],
-                                    max_steps=8, overrides=SMALL + ["checkpoint_interval=2"], echo=lambda _: None)
+                                    max_steps=done + 4, overrides=SMALL + ["checkpoint_interval=2"], echo=lambda _: None)
     assert outcome == {"celgc-I4": "resumed", "naive": "resumed"}

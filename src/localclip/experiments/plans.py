@@ -226,9 +226,10 @@ def compression(epochs: float = 1.0) -> Plan:
 # -- at convergence (issue 12) ---------------------------------------------------------------------
 
 # The largest η at which local SGD without clipping (I=8, N=8, the ptb-converge recipe) does not
-# diverge. Set it from the `converge-lsgd` probe (the largest of its η whose run ends finite);
-# until that has run, this is a guess below the η = 20 that diverged in the 1-epoch isweep.
-LOCAL_SGD_STABLE_LR = 2.5
+# diverge, from the `converge-lsgd` probe at 0.5 epoch (results/sweeps/epoch0.5): val/ppl 1486 at
+# η = 10, 552 at η = 5, 636 at η = 2.5. All three ended finite, but η = 10 was still worse than a
+# unigram model (PTB's is about 700), so it had not begun to learn: 5 is the largest that did.
+LOCAL_SGD_STABLE_LR = 5.0
 
 
 def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None = None, **changes) -> TrainConfig:
