@@ -175,6 +175,9 @@ def test_converge_report_numbers(tmp_path):
     celgc = [320, 260, 230, 210, 190, 175, 165, 150, 129, 128, 127, 126.0]
     _fake_converge_run(folder / "naive", "naive", 1, naive)
     _fake_converge_run(folder / "celgc-I8", "celgc", 8, celgc, compute_per_step=0.03)
+    # One that never reaches naive's final perplexity, for the converse table.
+    celgc32 = [330, 280, 250, 230, 210, 190, 175, 165, 160, 155, 152, 150]
+    _fake_converge_run(folder / "celgc-I32", "celgc", 32, celgc32, compute_per_step=0.02)
     result = experiments.report("converge", tmp_path)
     rows = {r["run"]: r for r in result["rows"]}
     n, c = rows["naive"], rows["celgc-I8"]
@@ -184,13 +187,24 @@ def test_converge_report_numbers(tmp_path):
     assert n["baseline"] == c["baseline"] == "naive" and n["target val/ppl"] == 130
     # naive reaches 130 at its last validation (step 120); celgc-I8 at its 9th (step 90, 11 rounds).
     assert n["steps to target"] == 120 and c["steps to target"] == 90 and c["rounds to target"] == 11
-    per_step = 0.02  # median of 0.01 and 0.03
+    per_step = 0.02  # median of 0.01, 0.02 and 0.03
     assert result["targets"]["per_step_compute"] == pytest.approx(per_step)
     expect_n = 120 * per_step + 120 * LATENCY + 120 * AWD_MESSAGE_BYTES * 8 / 1e9
     expect_c = 90 * per_step + 11 * LATENCY + 11 * AWD_MESSAGE_BYTES * 8 / 1e9
     assert n["s to target 1 Gbit/s, 97 MB"] == pytest.approx(expect_n) and c["s to target 1 Gbit/s, 97 MB"] == pytest.approx(expect_c)
     assert c["s to target 10 Gbit/s"] == pytest.approx(90 * per_step + 11 * LATENCY + 11 * 1000 * 8 / 10e9)
     assert c["naive/this 1 Gbit/s, 97 MB"] == pytest.approx(expect_n / expect_c) and n["naive/this 1 Gbit/s, 97 MB"] == pytest.approx(1)
+    # The converse: celgc-I32 never reaches 130; it reaches its own 150 at step 120 (3 rounds),
+    # naive reaches 150 at its 8th validation (step 80, 80 rounds). Naive cannot reach celgc-I8's 126.
+    c32 = rows["celgc-I32"]
+    assert c32["steps to target"] is None and c32["own final val/ppl"] == 150
+    assert c32["naive steps to it"] == 80 and c32["steps to it"] == 120
+    mine = 120 * per_step + 3 * LATENCY + 3 * AWD_MESSAGE_BYTES * 8 / 10e9
+    theirs = 80 * per_step + 80 * LATENCY + 80 * AWD_MESSAGE_BYTES * 8 / 10e9
+    assert c32["s to it 10 Gbit/s, 97 MB"] == pytest.approx(mine) and c32["naive s to it 10 Gbit/s, 97 MB"] == pytest.approx(theirs)
+    assert c32["naive/this to it 10 Gbit/s, 97 MB"] == pytest.approx(theirs / mine)
+    assert c["naive steps to it"] is None and c["naive/this to it 1 Gbit/s, 97 MB"] is None
+    assert "## Time to this run's final perplexity" in (folder / "summary.md").read_text()
 
 
 def _start_sweep(root, tmp):

@@ -319,13 +319,22 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         for link, bandwidth in LINKS.items():
             for message, label in ((None, ""), (AWD_MESSAGE_BYTES, ", 97 MB")):
                 col = f"s to target {link}{label}"
-                if hit is None or per_step is None:
-                    row[col] = None
-                    continue
-                rounds = hit.get("comm/rounds", 0)
-                nbytes = hit.get("comm/bytes", 0) if message is None else rounds * message
-                row[col] = hit["step"] * per_step + rounds * LATENCY + nbytes * 8 / bandwidth
-                times[(row["run"], col)] = row[col]
+                row[col] = _seconds(hit, per_step, bandwidth, message)
+                if row[col] is not None:
+                    times[(row["run"], col)] = row[col]
+        # The converse question: how long the baseline takes to reach what this run reaches.
+        own = data["summary"].get("val/ppl")
+        own_hit = _first(data["val"], "val/ppl", own, True) if _good(own) else None
+        base_hit = _first(finished[base]["val"], "val/ppl", own, True) if base and _good(own) else None
+        row["own final val/ppl"] = own
+        row["naive steps to it"] = base_hit["step"] if base_hit else None
+        row["steps to it"] = own_hit["step"] if own_hit else None
+        for link, bandwidth in LINKS.items():
+            mine = _seconds(own_hit, per_step, bandwidth, AWD_MESSAGE_BYTES)
+            theirs = _seconds(base_hit, per_step, bandwidth, AWD_MESSAGE_BYTES)
+            row[f"naive s to it {link}, 97 MB"] = theirs
+            row[f"s to it {link}, 97 MB"] = mine
+            row[f"naive/this to it {link}, 97 MB"] = theirs / mine if theirs and mine else None
     for row in rows:
         for link in LINKS:
             col = f"s to target {link}, 97 MB"
@@ -337,6 +346,9 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     timing = ["run", "baseline", "target val/ppl", "steps to target", "rounds to target"]
     timing += [f"s to target {link}{label}" for link in LINKS for label in ("", ", 97 MB")]
     timing += [f"naive/this {link}, 97 MB" for link in LINKS]
+    converse = ["run", "baseline", "own final val/ppl", "naive steps to it", "steps to it"]
+    converse += [f"{who}s to it {link}, 97 MB" for link in LINKS for who in ("naive ", "")]
+    converse += [f"naive/this to it {link}, 97 MB" for link in LINKS]
     note = (
         "spread last 3 val: largest minus smallest of the last three validation perplexities (the evaluation noise); "
         "gain last 2 epochs: how much val/ppl fell from the end of epoch E-2 to the end of the last epoch E, in % "
@@ -346,9 +358,24 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         + (f"{per_step * 1e3:.3g} ms" if per_step else "?")
         + f" (the median measured compute per local step over these runs) + rounds × {LATENCY * 1e6:g} µs + bytes over the link; "
         "'97 MB': every round carries AWD-LSTM's 97 MB message instead of this model's. naive/this: the baseline's time over "
-        "this run's (above 1: this run is faster); empty where a run does not reach the target."
+        "this run's (above 1: this run is faster); empty where a run does not reach the target. "
+        "Time to this run's final perplexity: the same model, the other way round: when this run first reaches its own "
+        "final val/ppl, and when its naive baseline first reaches that value (97 MB rounds)."
     )
-    return {"per_step_compute": per_step}, [("Runs", main), ("Time to the naive baseline's final perplexity", timing)], note
+    tables = [("Runs", main), ("Time to the naive baseline's final perplexity", timing),
+              ("Time to this run's final perplexity", converse)]
+    return {"per_step_compute": per_step}, tables, note
+
+
+def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message: float | None) -> float | None:
+    """Modelled seconds to the record ``hit``: compute per local step, a latency per round, and
+    the bytes over a link of ``bandwidth`` bit/s (``message`` bytes a round, or the bytes the run
+    counted when None)."""
+    if hit is None or per_step is None:
+        return None
+    rounds = hit.get("comm/rounds", 0)
+    nbytes = hit.get("comm/bytes", 0) if message is None else rounds * message
+    return hit["step"] * per_step + rounds * LATENCY + nbytes * 8 / bandwidth
 
 
 def _converge_curves(finished: dict, out: Path, name: str = "converge") -> Path:
