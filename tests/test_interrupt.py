@@ -113,7 +113,7 @@ def test_sigterm_to_torchrun_checkpoints_and_resumes_bit_identically(tmp_path):
 def test_a_second_signal_exits_at_once_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     # A long period: the first signal's agreement point is far away when the second one comes.
-    proc = start(out, "--period", "300", "--max-steps", "600", "--set", "checkpoint_interval=4")
+    proc = start(out, "--period", "300", "--max-steps", "600", "--set", "checkpoint_interval=4", "--set", "stop_check_interval=0")
     try:
         wait_for_step(proc, out, 4)
         while not (out / "checkpoints" / "latest.json").exists():
@@ -137,8 +137,26 @@ def test_a_second_signal_exits_at_once_and_keeps_the_last_checkpoint(tmp_path):
             torch.load(out / "checkpoints" / entry["dir"] / f"rank-{rank}.pt", weights_only=True)
     newest = index["step"]
     assert main(["train", "ptb-small", *ARGS, "--period", "300", "--max-steps", str(newest + 2), "--set", "checkpoint_interval=4",
-                 "--resume", "--out", str(out), *SMOKE]) == 0
+                 "--set", "stop_check_interval=0", "--resume", "--out", str(out), *SMOKE]) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == newest + 2
+
+
+def test_a_long_period_stops_at_the_next_stop_check_not_the_next_round(tmp_path):
+    """I = 300: the workers check for a stop request every stop_check_interval = 8 steps, so a
+    sweep's grace time is not spent waiting for a round that is minutes away."""
+    out = tmp_path / "run"
+    proc = start(out, "--period", "300", "--max-steps", "600", "--set", "stop_check_interval=8")
+    try:
+        wait_for_step(proc, out, 9)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 75, err
+    stop = int(re.search(r"interrupted by SIGTERM at step (\d+)", err).group(1))
+    assert stop % 8 == 0 and 9 < stop < 300, stop
+    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == stop
 
 
 def test_one_signal_delivered_twice_counts_once():

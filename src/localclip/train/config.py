@@ -129,6 +129,10 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """How many of the newest checkpoints to keep: a resume falls back to an older one when the
     newest does not load on every worker."""
+    stop_check_interval: int = 32
+    """Local steps at most between two checks for a stop request (SIGTERM/SIGINT; one 4-byte
+    all-reduce each) besides every round; 0: at rounds and epoch starts only. Results do not
+    depend on it."""
     timeout: float = 300.0
     """Seconds a collective may wait for peers before the run fails."""
     on_nonfinite: str = "skip"
@@ -154,6 +158,8 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad(name, "must be an integer >= 1")
+        if isinstance(self.stop_check_interval, bool) or not isinstance(self.stop_check_interval, int) or self.stop_check_interval < 0:
+            bad("stop_check_interval", "must be an integer >= 0")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             bad("lr", "must be a positive number")
         if not self.gamma > 0:

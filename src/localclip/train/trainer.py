@@ -106,8 +106,12 @@ class Trainer:
         self._eval_cache: dict = {}
         self._position, self._num_batches = 0, 1
         self._saved_at: tuple | None = None  # (step, epoch, position) of the last checkpoint written or restored
-        # Agreement points for a stop request: where the algorithm communicates anyway.
-        self._agree_every = config.period if config.algorithm in ("celgc", "local-sgd") else 1
+        # Agreement points for a stop request: where the algorithm communicates anyway, and at
+        # least every stop_check_interval steps, so that a long period (I = 256 is minutes of
+        # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
+        periodic = config.algorithm in ("celgc", "local-sgd", "episode")
+        every = config.period if periodic else 1
+        self._agree_every = min(every, config.stop_check_interval) if config.stop_check_interval else every
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint: restored when its epoch's batches have been set up."""
