@@ -11,7 +11,8 @@ Checkpoints make a resumed run bit-identical to an uninterrupted one. Besides ev
 budget (``max_steps``, ``epochs``) runs out, before the final averaging, so that a larger budget
 continues a finished run exactly where a straight run with that budget would be. A stop request
 (SIGTERM/SIGINT, :mod:`localclip.interrupt`) is acted on at agreement points: every round
-boundary (every step for naive parallel clipping) and every epoch start, where one all-reduce
+boundary (every step for naive parallel clipping), every ``stop_check_interval`` steps within a
+long period, and every epoch start, where one all-reduce
 of the request flags tells every worker whether to checkpoint and stop there.
 """
 
