@@ -24,6 +24,7 @@ from pathlib import Path
 
 from localclip.errors import LocalclipError
 from localclip.experiments.plans import SWEEPS, SweepError, plan
+from localclip.train.config import PERIODIC_ALGORITHMS
 from localclip.train.run_folder import atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
@@ -89,7 +90,7 @@ def _row(run: str, data: dict) -> dict:
         "run": run,
         "algorithm": algorithm,
         "N": c.get("workers"),
-        "I": c.get("period") if algorithm in ("celgc", "local-sgd", "episode") and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
+        "I": c.get("period") if algorithm in PERIODIC_ALGORITHMS and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
         "epochs": s.get("epochs"),
         "steps": s.get("steps"),
         f"val/{metric}": s.get(f"val/{metric}"),

@@ -30,7 +30,7 @@ from localclip.outer import OuterSGD
 from localclip import interrupt
 from localclip.comm import current
 from localclip.errors import ConfigError, Interrupted, NonFiniteError, RunFolderError
-from localclip.train.config import TrainConfig
+from localclip.train.config import PERIODIC_ALGORITHMS, TrainConfig
 from localclip.train.inner import build_inner_algorithm
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
@@ -110,8 +110,7 @@ class Trainer:
         # Agreement points for a stop request: where the algorithm communicates anyway, and at
         # least every stop_check_interval steps, so that a long period (I = 256 is minutes of
         # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
-        periodic = config.algorithm in ("celgc", "local-sgd", "episode")
-        every = config.period if periodic else 1
+        every = config.period if config.algorithm in PERIODIC_ALGORITHMS else 1
         self._agree_every = min(every, config.stop_check_interval) if config.stop_check_interval else every
 
     def resume(self, state: dict) -> None:
