@@ -1,6 +1,7 @@
 """Sweeps with --jobs: several runs at once in child processes, the same numbers whatever J."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -146,11 +147,13 @@ def test_converge_sweep_smoke_and_report(tmp_path):
     assert (tmp_path / "converge" / "curves.png").stat().st_size > 10_000
 
 
-def _fake_converge_run(folder, algorithm, period, vals, *, epochs=3, steps_per_epoch=40, bytes_per_round=1000, seed=1, compute_per_step=0.01):
+def _fake_converge_run(folder, algorithm, period, vals, *, epochs=3, steps_per_epoch=40, bytes_per_round=1000, seed=1,
+                       compute_per_step=0.01, **config_fields):
     """A finished converge run: 4 validations per epoch with the perplexities ``vals``."""
     folder.mkdir(parents=True)
     config = {"algorithm": algorithm, "workers": 8, "period": period, "task": "lm", "epochs": epochs, "seed": seed,
-              "heterogeneous": False, "momentum": 0.0, "model_options": {"dropout": 0.2}}
+              "heterogeneous": False, "momentum": 0.0, "participants": None, "outer_optimizer": "none",
+              "compression": "none", "model_options": {"dropout": 0.2}, **config_fields}
     (folder / "config.json").write_text(json.dumps(config))
     every = 1 if algorithm == "naive" else period
     lines = []
@@ -205,6 +208,66 @@ def test_converge_report_numbers(tmp_path):
     assert c32["naive/this to it 10 Gbit/s, 97 MB"] == pytest.approx(theirs / mine)
     assert c["naive steps to it"] is None and c["naive/this to it 1 Gbit/s, 97 MB"] is None
     assert "## Time to this run's final perplexity" in (folder / "summary.md").read_text()
+
+
+def test_converge_report_groups_runs_with_their_baselines(tmp_path):
+    """Scenario and beyond-the-paper runs are judged against their naive baseline and their plain
+    CELGC counterpart, and each group gets its own figure beside them."""
+    from localclip.experiments.report import AWD_MESSAGE_BYTES, LATENCY
+
+    folder = tmp_path / "converge"
+    flat = lambda last: [400, 300, 250, 220, 200, 190, 180, 170, 165, 162, 161, last]  # noqa: E731
+    _fake_converge_run(folder / "naive", "naive", 1, flat(100.0))
+    _fake_converge_run(folder / "celgc-I32", "celgc", 32, flat(120.0))
+    _fake_converge_run(folder / "celgc-I32-nesterov", "celgc", 32, flat(114.0), outer_optimizer="nesterov")
+    _fake_converge_run(folder / "celgc-I8-bf16", "celgc", 8, flat(160.0), compression="bf16")  # no plain I=8 run
+    _fake_converge_run(folder / "naive-hetero", "naive", 1, flat(110.0), heterogeneous=True)
+    _fake_converge_run(folder / "celgc-I32-hetero", "celgc", 32, flat(132.0), heterogeneous=True)
+    _fake_converge_run(folder / "episode-I32-hetero", "episode", 32, flat(121.0), heterogeneous=True)
+    result = experiments.report("converge", tmp_path)
+    rows = {r["run"]: r for r in result["rows"]}
+    assert rows["celgc-I32"]["group"] == "main runs" and rows["celgc-I32"]["plain CELGC"] is None
+    assert rows["celgc-I32"]["vs naive %"] == pytest.approx(20.0)
+    nesterov = rows["celgc-I32-nesterov"]
+    assert nesterov["group"] == "beyond the paper" and nesterov["baseline"] == "naive" and nesterov["plain CELGC"] == "celgc-I32"
+    assert nesterov["vs naive %"] == pytest.approx(14.0) and nesterov["vs plain %"] == pytest.approx(100 * (114 - 120) / 120)
+    assert rows["celgc-I8-bf16"]["plain CELGC"] is None and rows["celgc-I8-bf16"]["vs plain %"] is None
+    episode = rows["episode-I32-hetero"]
+    assert episode["baseline"] == "naive-hetero" and episode["plain CELGC"] == "celgc-I32-hetero"
+    assert episode["vs naive %"] == pytest.approx(10.0) and rows["celgc-I32-hetero"]["group"] == "scenarios"
+    # A bf16 round carries half of AWD-LSTM's message: celgc-I8-bf16 reaches its own 160 at its
+    # last validation (step 120, 15 rounds).
+    per_step = result["targets"]["per_step_compute"]
+    assert rows["celgc-I8-bf16"]["steps to it"] == 120
+    assert rows["celgc-I8-bf16"]["s to it 1 Gbit/s, 97 MB"] == pytest.approx(120 * per_step + 15 * LATENCY + 15 * AWD_MESSAGE_BYTES / 2 * 8 / 1e9)
+    assert result["figures"] == {"main runs": "figure.png", "scenarios": "figure-scenarios.png", "beyond the paper": "figure-beyond.png"}
+    markdown = (folder / "summary.md").read_text()
+    for name in result["figures"].values():
+        assert (folder / name).stat().st_size > 10_000 and f"]({name})" in markdown
+    assert "| vs naive % | plain CELGC | vs plain % |" in markdown
+
+
+def test_runs_that_would_share_a_label_are_told_apart_in_the_figure(tmp_path):
+    """Two local SGD runs at different η read the same from their configs; only the one that
+    diverged may be marked so."""
+    from localclip.plot import load_run, plot_runs
+
+    _fake_converge_run(tmp_path / "lsgd-lr5", "local-sgd", 8, [300.0] * 12)
+    _fake_converge_run(tmp_path / "lsgd-lr20", "local-sgd", 8, [math.inf] * 12)
+    assert load_run(tmp_path / "lsgd-lr5")["label"] == load_run(tmp_path / "lsgd-lr20")["label"]
+    import matplotlib.legend
+
+    seen = []
+    real = matplotlib.legend.Legend.__init__
+
+    def spy(self, parent, handles, labels, *args, **kwargs):
+        seen.extend(labels)
+        real(self, parent, handles, labels, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.legend.Legend, "__init__", spy)
+        plot_runs([str(tmp_path / "lsgd-lr5"), str(tmp_path / "lsgd-lr20")], tmp_path / "f.png")
+    assert seen == ["local-sgd N=8 I=8 (lsgd-lr5)", "local-sgd N=8 I=8 (lsgd-lr20) (diverged: above the top)"]
 
 
 def _start_sweep(root, tmp):

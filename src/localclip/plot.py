@@ -52,6 +52,10 @@ def load_run(folder: str | Path) -> dict:
         label += f" K={config['participants']}"
     if config.get("momentum"):
         label += f" μ={config['momentum']}"
+    if config.get("outer_optimizer", "none") != "none":
+        label += f" outer={config['outer_optimizer']}"
+    if config.get("compression", "none") != "none":
+        label += f" {config['compression']}"
     return {"config": config, "train": train, "eval": evals, "label": label, "folder": str(folder)}
 
 
@@ -75,10 +79,24 @@ def _finite(value: float) -> float:
     return value if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
 
 
-def plot_runs(folders: list[str], out: str | Path, *, bandwidth: float = 1e9, latency: float = 50e-6, title: str | None = None) -> Path:
+def plot_runs(folders: list[str], out: str | Path, *, labels: list[str] | None = None, bandwidth: float = 1e9,
+              latency: float = 50e-6, title: str | None = None) -> Path:
+    """Draw the runs in ``folders`` into ``out`` (PNG); ``labels`` name them in the legend (default:
+    from each config, with the folder's name added where two would read the same)."""
     if not bandwidth > 0 or not latency >= 0:
         raise PlotError(f"Invalid link model: bandwidth {bandwidth} bit/s, latency {latency} s")
+    if labels is not None and len(labels) != len(folders):
+        raise PlotError(f"{len(labels)} labels for {len(folders)} runs")
     runs = [load_run(f) for f in folders]
+    if labels is not None:
+        for run, label in zip(runs, labels):
+            run["label"] = label
+    # Labels key the legend and the diverged runs: two runs must not share one.
+    for name in (lambda run: Path(run["folder"]).name, lambda run: run["folder"]):
+        seen = [run["label"] for run in runs]
+        for run in runs:
+            if seen.count(run["label"]) > 1:
+                run["label"] += f" ({name(run)})"
     metric_keys = {(("val/ppl" in r["eval"][0]) if r["eval"] else None) for r in runs} - {None}
     if len(metric_keys) > 1:
         kinds = ", ".join(f"{r['folder']}: {'val/ppl' if r['eval'] and 'val/ppl' in r['eval'][0] else 'val/acc'}" for r in runs)

@@ -5,8 +5,11 @@ Layout it writes::
 
     ROOT/NAME/summary.csv   one row per finished run, every column of every table
     ROOT/NAME/summary.md    the tables, with a note on how each column is computed
-    ROOT/NAME/figure.png    loss and metric against epochs, rounds and modelled time (:mod:`localclip.plot`)
-    ROOT/NAME/curves.png    ``converge`` only: validation perplexity per epoch
+    ROOT/NAME/figure.png    loss and metric against epochs, rounds and modelled time (:mod:`localclip.plot`);
+                            ``converge``: its main runs
+    ROOT/NAME/figure-scenarios.png, figure-beyond.png
+                            ``converge`` only: the scenario and beyond-the-paper runs beside their baselines
+    ROOT/NAME/curves.png    ``converge`` only: validation perplexity per epoch, a panel per group
 
 Nothing here trains or reads a checkpoint, so every number in a table can be recomputed from
 the files a sweep commits.
@@ -35,6 +38,10 @@ LATENCY = 50e-6  # s per round
 # converge: two links, and the message of the paper's AWD-LSTM (24M float32 parameters, 97 MB a round).
 LINKS = {"1 Gbit/s": 1e9, "10 Gbit/s": 10e9}
 AWD_MESSAGE_BYTES = 97e6
+# What a compressed round sends, as a fraction of float32 (the 97 MB message shrinks with it).
+WIRE_FRACTION = {"none": 1.0, "bf16": 0.5, "fp16": 0.5}
+# converge: the three comparisons a run can belong to, each with its own figure (file suffix).
+CONVERGE_GROUPS = {"main runs": "", "scenarios": "-scenarios", "beyond the paper": "-beyond"}
 
 def _records(folder: Path) -> list[dict]:
     out = []
@@ -151,7 +158,7 @@ def report(
     result = {
         "sweep": name, "folder": str(folder), "rows": rows, "finished": list(finished), "unfinished": unfinished,
         "targets": targets, "csv": str(folder / "summary.csv"), "markdown": str(folder / "summary.md"),
-        "figure": None, "figure_error": None, "curves": None,
+        "figure": None, "figures": {}, "figure_error": None, "curves": None,
     }
     columns = list(dict.fromkeys(k for row in rows for k in row)) or ["run"]
     buffer = io.StringIO()
@@ -165,11 +172,18 @@ def report(
     if figure and finished:
         from localclip.plot import plot_runs
 
+        # converge has too many runs for one readable figure: one per group, each run beside
+        # the runs it is judged against.
+        groups = _converge_groups(finished) if name.startswith("converge") else {"": list(finished)}
         try:
-            plot_runs([str(folder / run) for run in finished], figure_path, bandwidth=BANDWIDTH, latency=LATENCY, title=f"sweep {name}")
-            result["figure"] = str(figure_path)
+            for group, runs in groups.items():
+                path = folder / f"figure{CONVERGE_GROUPS.get(group, '')}.png"
+                plot_runs([str(folder / run) for run in runs], path, labels=runs, bandwidth=BANDWIDTH, latency=LATENCY,
+                          title=f"sweep {name}" + (f": {group}" if group else ""))
+                result["figures"][group] = path.name
+            result["figure"] = str(figure_path) if "" in groups or "main runs" in groups else None
             if name.startswith("converge"):
-                result["curves"] = str(_converge_curves(finished, folder / "curves.png", name))
+                result["curves"] = str(_converge_curves(finished, groups, folder / "curves.png", name))
         except LocalclipError as exc:  # the tables are still worth having
             result["figure_error"] = str(exc)
     atomic_write_text(folder / "summary.md", _markdown(name, rows, tables or [("", columns)], unfinished, notes, result))
@@ -279,6 +293,42 @@ def _baseline(run: str, data: dict, finished: dict) -> str | None:
     return matches[0] if matches else None
 
 
+def _group(config: dict) -> str:
+    """Which comparison a converge run belongs to (a key of ``CONVERGE_GROUPS``)."""
+    if config.get("outer_optimizer", "none") != "none" or config.get("compression", "none") != "none" or config.get("algorithm") == "episode":
+        return "beyond the paper"
+    if config.get("heterogeneous") or config.get("participants") or config.get("momentum"):
+        return "scenarios"
+    return "main runs"
+
+
+def _plain(run: str, data: dict, finished: dict) -> str | None:
+    """A beyond-the-paper run's plain CELGC counterpart: same period, length, seed, data split,
+    participation and momentum, with plain averaging and float32 rounds."""
+    if _group(data["config"]) != "beyond the paper":
+        return None
+    key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum")
+    matches = [other for other, d in finished.items()
+               if other != run and d["config"].get("algorithm") == "celgc" and _group(d["config"]) != "beyond the paper"
+               and all(d["config"].get(k) == data["config"].get(k) for k in key)]
+    return matches[0] if matches else None
+
+
+def _converge_groups(finished: dict) -> dict[str, list[str]]:
+    """The runs of each group that has any, in sweep order; a scenario or beyond-the-paper run
+    brings its naive baseline and its plain counterpart along, to be compared in the figure."""
+    groups: dict[str, list[str]] = {}
+    for run, data in finished.items():
+        groups.setdefault(_group(data["config"]), [])
+        if _group(data["config"]) == "main runs":
+            groups["main runs"].append(run)
+            continue
+        for member in (_baseline(run, data, finished), _plain(run, data, finished), run):
+            if member and member not in groups[_group(data["config"])]:
+                groups[_group(data["config"])].append(member)
+    return {group: groups[group] for group in CONVERGE_GROUPS if group in groups}
+
+
 def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]:
     """Per run: final perplexities and their noise (spread over the last three validations),
     rounds and rounds per epoch, bytes, the gain of the last two epochs; and the modelled time
@@ -311,16 +361,22 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         else:
             row["gain last 2 epochs %"] = None
         base = _baseline(row["run"], data, finished)
+        row["group"] = _group(c)
         row["baseline"] = base
         target = finished[base]["summary"].get("val/ppl") if base else None
+        row["vs naive %"] = _percent(row.get("val/ppl"), target)
+        plain = _plain(row["run"], data, finished)
+        row["plain CELGC"] = plain
+        row["vs plain %"] = _percent(row.get("val/ppl"), finished[plain]["summary"].get("val/ppl") if plain else None)
+        message = AWD_MESSAGE_BYTES * WIRE_FRACTION.get(c.get("compression", "none"), 1.0)
         row["target val/ppl"] = target
         hit = _first(data["val"], "val/ppl", target, True) if _good(target) else None
         row["steps to target"] = hit["step"] if hit else None
         row["rounds to target"] = hit.get("comm/rounds") if hit else None
         for link, bandwidth in LINKS.items():
-            for message, label in ((None, ""), (AWD_MESSAGE_BYTES, ", 97 MB")):
+            for wire, label in ((None, ""), (message, ", 97 MB")):
                 col = f"s to target {link}{label}"
-                row[col] = _seconds(hit, per_step, bandwidth, message)
+                row[col] = _seconds(hit, per_step, bandwidth, wire)
                 if row[col] is not None:
                     times[(row["run"], col)] = row[col]
         # The converse question: how long the baseline takes to reach what this run reaches.
@@ -331,7 +387,7 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         row["naive steps to it"] = base_hit["step"] if base_hit else None
         row["steps to it"] = own_hit["step"] if own_hit else None
         for link, bandwidth in LINKS.items():
-            mine = _seconds(own_hit, per_step, bandwidth, AWD_MESSAGE_BYTES)
+            mine = _seconds(own_hit, per_step, bandwidth, message)
             theirs = _seconds(base_hit, per_step, bandwidth, AWD_MESSAGE_BYTES)
             row[f"naive s to it {link}, 97 MB"] = theirs
             row[f"s to it {link}, 97 MB"] = mine
@@ -342,8 +398,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
             base = times.get((row["baseline"], col))
             own = times.get((row["run"], col))
             row[f"naive/this {link}, 97 MB"] = base / own if base and own else None
-    main = ["run", "algorithm", "N", "I", "seed", "dropout", "epochs", "steps", "val/ppl", "test/ppl", "spread last 3 val",
-            "gain last 2 epochs %", "comm/rounds", "rounds/epoch", "MB sent"]
+    main = ["run", "group", "algorithm", "N", "I", "seed", "dropout", "epochs", "steps", "val/ppl", "test/ppl", "spread last 3 val",
+            "gain last 2 epochs %", "vs naive %", "plain CELGC", "vs plain %", "comm/rounds", "rounds/epoch", "MB sent"]
     timing = ["run", "baseline", "target val/ppl", "steps to target", "rounds to target"]
     timing += [f"s to target {link}{label}" for link in LINKS for label in ("", ", 97 MB")]
     timing += [f"naive/this {link}, 97 MB" for link in LINKS]
@@ -358,7 +414,9 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         "with the same epochs, seed, data split and momentum); modelled seconds = steps × "
         + (f"{per_step * 1e3:.3g} ms" if per_step else "?")
         + f" (the median measured compute per local step over these runs) + rounds × {LATENCY * 1e6:g} µs + bytes over the link; "
-        "'97 MB': every round carries AWD-LSTM's 97 MB message instead of this model's. naive/this: the baseline's time over "
+        "'97 MB': every round carries AWD-LSTM's 97 MB message instead of this model's (48.5 MB with bf16 or fp16 rounds). "
+        "vs naive %, vs plain %: this run's final val/ppl above its naive baseline's, and above its plain CELGC counterpart's "
+        "(same period, plain averaging, float32 rounds; for EPISODE the CELGC run on the same data). naive/this: the baseline's time over "
         "this run's (above 1: this run is faster); empty where a run does not reach the target. "
         "Time to this run's final perplexity: the same model, the other way round: when this run first reaches its own "
         "final val/ppl, and when its naive baseline first reaches that value (97 MB rounds)."
@@ -366,6 +424,11 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     tables = [("Runs", main), ("Time to the naive baseline's final perplexity", timing),
               ("Time to this run's final perplexity", converse)]
     return {"per_step_compute": per_step}, tables, note
+
+
+def _percent(value, reference) -> float | None:
+    """How far ``value`` is above ``reference``, in % of it."""
+    return 100 * (value - reference) / reference if _good(value) and _good(reference) and reference else None
 
 
 def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message: float | None) -> float | None:
@@ -379,20 +442,16 @@ def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message
     return hit["step"] * per_step + rounds * LATENCY + nbytes * 8 / bandwidth
 
 
-def _converge_curves(finished: dict, out: Path, name: str = "converge") -> Path:
-    """Validation perplexity per epoch: the main runs (the longest) left, the scenarios right."""
+def _converge_curves(finished: dict, groups: dict[str, list[str]], out: Path, name: str = "converge") -> Path:
+    """Validation perplexity per epoch, a panel per group of :func:`_converge_groups`."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    longest = max((d["config"].get("epochs") or 0) for d in finished.values())
-    groups = [("main runs", [r for r, d in finished.items() if d["config"].get("epochs") == longest]),
-              ("scenarios (shorter runs)", [r for r, d in finished.items() if d["config"].get("epochs") != longest])]
-    groups = [(title, runs) for title, runs in groups if runs]
     fig, axes = plt.subplots(1, len(groups), figsize=(7.5 * len(groups), 5.2), constrained_layout=True, squeeze=False)
-    for ax, (title, runs) in zip(axes[0], groups):
+    for ax, (title, runs) in zip(axes[0], groups.items()):
         finite = []
         for run in runs:
             vals = _vals(finished[run])
@@ -444,10 +503,10 @@ def _markdown(name: str, rows: list[dict], tables: list[tuple[str, list[str]]], 
                  f"compute plus a {BANDWIDTH / 1e9:g} Gbit/s, {LATENCY * 1e6:g} µs link.")
     if unfinished:
         lines.append(f"Not finished (left out): {', '.join(unfinished)}.")
-    if result["figure"]:
-        lines += ["", "![runs](figure.png)"]
-        if result.get("curves"):
-            lines += ["", "![validation perplexity per epoch](curves.png)"]
-    elif result["figure_error"]:
+    for group, path in result["figures"].items():
+        lines += ["", f"![{group or 'runs'}]({path})"]
+    if result.get("curves"):
+        lines += ["", "![validation perplexity per epoch](curves.png)"]
+    if result["figure_error"]:
         lines.append(f"No figure: {result['figure_error']}")
     return "\n".join(lines) + "\n"
