@@ -177,7 +177,8 @@ def test_one_compressed_average_is_within_the_formats_error_bound_and_halves_the
         change = torch.randn(20000, generator=torch.Generator().manual_seed(100 + comm.rank)) * 10.0 ** torch.randint(-6, 0, (20000,), generator=gen)
         results = {}
         for mode in ("none", compression):
-            module = torch.nn.Linear(20000, 1, bias=False)
+            with localclip.rng.seeded(0):  # its init is overwritten, but must not draw from the shared generator
+                module = torch.nn.Linear(20000, 1, bias=False)
             with torch.no_grad():
                 module.weight.copy_(start.view(1, -1))
             avg = localclip.PeriodicAverager(module, period=1, compression=mode)
@@ -231,7 +232,11 @@ def test_only_rounds_that_change_something_are_counted():
 
     def naive(buffers: bool):
         comm = current()
-        model = tiny_model() if buffers else torch.nn.Sequential(torch.nn.Linear(6, 3))
+        if buffers:
+            model = tiny_model()
+        else:
+            with localclip.rng.seeded(0):  # the same start on every worker, whatever the thread timing
+                model = torch.nn.Sequential(torch.nn.Linear(6, 3))
         opt = localclip.NaiveParallelClipping(model, lr=0.5, gamma=0.05)
         for x, y in fixed_batches(comm.rank, 5):
             opt.zero_grad()
