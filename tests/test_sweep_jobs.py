@@ -241,6 +241,12 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     assert rows["celgc-I8-bf16"]["steps to it"] == 120
     assert rows["celgc-I8-bf16"]["s to it 1 Gbit/s, 97 MB"] == pytest.approx(120 * per_step + 15 * LATENCY + 15 * AWD_MESSAGE_BYTES / 2 * 8 / 1e9)
     assert result["figures"] == {"main runs": "figure.png", "scenarios": "figure-scenarios.png", "beyond the paper": "figure-beyond.png"}
+    from localclip.experiments.report import _converge_groups, _load_finished
+
+    groups = _converge_groups({run: _load_finished(folder / run) for run in result["finished"]})
+    assert groups["scenarios"] == ["naive-hetero", "celgc-I32-hetero"]  # each run once (naive-hetero is its own baseline)
+    assert groups["beyond the paper"] == ["naive", "celgc-I32", "celgc-I32-nesterov", "celgc-I8-bf16", "naive-hetero",
+                                          "celgc-I32-hetero", "episode-I32-hetero"]
     markdown = (folder / "summary.md").read_text()
     for name in result["figures"].values():
         assert (folder / name).stat().st_size > 10_000 and f"]({name})" in markdown

@@ -309,7 +309,7 @@ def _plain(run: str, data: dict, finished: dict) -> str | None:
         return None
     key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum")
     matches = [other for other, d in finished.items()
-               if other != run and d["config"].get("algorithm") == "celgc" and _group(d["config"]) != "beyond the paper"
+               if d["config"].get("algorithm") == "celgc" and _group(d["config"]) != "beyond the paper"
                and all(d["config"].get(k) == data["config"].get(k) for k in key)]
     return matches[0] if matches else None
 
@@ -319,13 +319,12 @@ def _converge_groups(finished: dict) -> dict[str, list[str]]:
     brings its naive baseline and its plain counterpart along, to be compared in the figure."""
     groups: dict[str, list[str]] = {}
     for run, data in finished.items():
-        groups.setdefault(_group(data["config"]), [])
-        if _group(data["config"]) == "main runs":
-            groups["main runs"].append(run)
-            continue
-        for member in (_baseline(run, data, finished), _plain(run, data, finished), run):
-            if member and member not in groups[_group(data["config"])]:
-                groups[_group(data["config"])].append(member)
+        group = _group(data["config"])
+        members = groups.setdefault(group, [])
+        along = () if group == "main runs" else (_baseline(run, data, finished), _plain(run, data, finished))
+        for member in (*along, run):  # a naive run is its own baseline: add it once
+            if member and member not in members:
+                members.append(member)
     return {group: groups[group] for group in CONVERGE_GROUPS if group in groups}
 
 
