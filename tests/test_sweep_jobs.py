@@ -253,6 +253,28 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     assert "| vs naive % | plain CELGC | vs plain % |" in markdown
 
 
+def test_converge_report_tells_how_far_seeds_move_a_run(tmp_path):
+    """Runs that differ only in their seed form a family; its range and each seed's gap to the
+    naive run of the same seed are reported, and a run with a different setting is not a member."""
+    folder = tmp_path / "converge"
+    flat = lambda last: [400, 300, 250, 220, 200, 190, 180, 170, 165, 162, 161, last]  # noqa: E731
+    _fake_converge_run(folder / "naive", "naive", 1, flat(100.0))
+    _fake_converge_run(folder / "celgc-I32", "celgc", 32, flat(120.0))
+    _fake_converge_run(folder / "naive-s2", "naive", 1, flat(104.0), seed=2)
+    _fake_converge_run(folder / "celgc-I32-s2", "celgc", 32, flat(130.0), seed=2)
+    _fake_converge_run(folder / "celgc-I8", "celgc", 8, flat(110.0))  # one seed only: no family
+    result = experiments.report("converge", tmp_path)
+    seeds = {tuple(f["runs"]): f for f in result["targets"]["seeds"]}
+    assert set(seeds) == {("naive", "naive-s2"), ("celgc-I32", "celgc-I32-s2")}
+    celgc = seeds[("celgc-I32", "celgc-I32-s2")]
+    assert celgc["seeds"] == [1, 2] and celgc["val/ppl"] == [120.0, 130.0] and celgc["mean val/ppl"] == 125.0
+    assert celgc["range % of mean"] == pytest.approx(8.0)
+    assert celgc["vs naive %"] == pytest.approx([20.0, 100 * 26 / 104])  # each against its own seed's naive
+    assert seeds[("naive", "naive-s2")]["vs naive %"] == [0.0, 0.0]
+    markdown = (folder / "summary.md").read_text()
+    assert "## Seeds" in markdown and "| celgc-I32, celgc-I32-s2 | 1, 2 | 120, 130 | 125 | 8 | 20, 25 |" in markdown
+
+
 def test_runs_that_would_share_a_label_are_told_apart_in_the_figure(tmp_path):
     """Two local SGD runs at different η read the same from their configs; only the one that
     diverged may be marked so."""

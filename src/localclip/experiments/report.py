@@ -422,7 +422,48 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     )
     tables = [("Runs", main), ("Time to the naive baseline's final perplexity", timing),
               ("Time to this run's final perplexity", converse)]
-    return {"per_step_compute": per_step}, tables, note
+    seeds = _seed_families(rows, finished)
+    return {"per_step_compute": per_step, "seeds": seeds}, tables, note + _seed_markdown(seeds)
+
+
+# Config fields that say where a run's files are, not what it computes.
+_NOT_THE_RUN = ("seed", "data_root")
+
+
+def _seed_families(rows: list[dict], finished: dict) -> list[dict]:
+    """Runs that differ only in their seed, one family each (those run at two seeds or more):
+    the seed-to-seed range of the final val/ppl, and of the gap to each seed's own naive run,
+    which is how much of a difference between two runs the seed alone can make."""
+    families: dict[str, list[dict]] = {}
+    for row in rows:
+        config = {k: v for k, v in finished[row["run"]]["config"].items() if k not in _NOT_THE_RUN}
+        families.setdefault(json.dumps(config, sort_keys=True, default=str), []).append(row)
+    out = []
+    for members in families.values():
+        finals = [r.get("val/ppl") for r in members]
+        if len(members) < 2 or not all(_good(v) for v in finals):
+            continue
+        gaps = [r.get("vs naive %") for r in members]
+        mean = statistics.fmean(finals)
+        out.append({
+            "runs": [r["run"] for r in members], "seeds": [r.get("seed") for r in members], "val/ppl": finals,
+            "mean val/ppl": mean, "range % of mean": 100 * (max(finals) - min(finals)) / mean,
+            "vs naive %": gaps if all(g is not None for g in gaps) else None,
+        })
+    return out
+
+
+def _seed_markdown(seeds: list[dict]) -> str:
+    if not seeds:
+        return ""
+    lines = ["", "", "## Seeds", "",
+             "Runs that differ only in their seed. vs naive %: each seed's gap to the naive run with the same seed.", "",
+             "| runs | seeds | val/ppl | mean | range % of mean | vs naive % |", "|---|---|---|---|---|---|"]
+    for f in seeds:
+        gaps = ", ".join(_cell(g) for g in f["vs naive %"]) if f["vs naive %"] else ""
+        lines.append(f"| {', '.join(f['runs'])} | {', '.join(str(s) for s in f['seeds'])} | "
+                     f"{', '.join(_cell(v) for v in f['val/ppl'])} | {_cell(f['mean val/ppl'])} | {_cell(f['range % of mean'])} | {gaps} |")
+    return "\n".join(lines) + "\n"  # a blank line ends the table
 
 
 def _percent(value, reference) -> float | None:
