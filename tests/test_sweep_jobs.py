@@ -254,14 +254,16 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
 
 
 def test_converge_report_tells_how_far_seeds_move_a_run(tmp_path):
-    """Runs that differ only in their seed form a family; its range and each seed's gap to the
-    naive run of the same seed are reported, and a run with a different setting is not a member."""
+    """Runs that differ only in their seed (and in how they were hosted) form a family; its range
+    and each seed's gap to the naive run of the same seed are reported, and a run with a different
+    setting is not a member."""
     folder = tmp_path / "converge"
     flat = lambda last: [400, 300, 250, 220, 200, 190, 180, 170, 165, 162, 161, last]  # noqa: E731
     _fake_converge_run(folder / "naive", "naive", 1, flat(100.0))
     _fake_converge_run(folder / "celgc-I32", "celgc", 32, flat(120.0))
     _fake_converge_run(folder / "naive-s2", "naive", 1, flat(104.0), seed=2)
-    _fake_converge_run(folder / "celgc-I32-s2", "celgc", 32, flat(130.0), seed=2)
+    # written by a newer version: a field that says how the run is hosted, not what it computes
+    _fake_converge_run(folder / "celgc-I32-s2", "celgc", 32, flat(130.0), seed=2, stop_check_interval=32)
     _fake_converge_run(folder / "celgc-I8", "celgc", 8, flat(110.0))  # one seed only: no family
     result = experiments.report("converge", tmp_path)
     seeds = {tuple(f["runs"]): f for f in result["targets"]["seeds"]}

@@ -28,7 +28,7 @@ from pathlib import Path
 from localclip.errors import LocalclipError
 from localclip.experiments.plans import SWEEPS, SweepError, plan
 from localclip.train.config import PERIODIC_ALGORITHMS
-from localclip.train.run_folder import atomic_write_text
+from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
 
@@ -426,8 +426,10 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     return {"per_step_compute": per_step, "seeds": seeds}, tables, note + _seed_markdown(seeds)
 
 
-# Config fields that say where a run's files are, not what it computes.
-_NOT_THE_RUN = ("seed", "data_root")
+# Config fields that do not say what a run computes: the seed (what a family varies), and how a
+# run is observed and hosted (a field added since an older run was written counts as one of these
+# too, so that run and a newer one with another seed still make a family).
+_NOT_THE_RUN = frozenset({"seed"}) | (RESUME_MAY_CHANGE - {"max_steps", "epochs"})
 
 
 def _seed_families(rows: list[dict], finished: dict) -> list[dict]:
