@@ -224,6 +224,10 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     _fake_converge_run(folder / "naive-hetero", "naive", 1, flat(110.0), heterogeneous=True)
     _fake_converge_run(folder / "celgc-I32-hetero", "celgc", 32, flat(132.0), heterogeneous=True)
     _fake_converge_run(folder / "episode-I32-hetero", "episode", 32, flat(121.0), heterogeneous=True)
+    # at another step size: the counterpart is the CELGC run at that step size, not the first match
+    lr5 = dict(heterogeneous=True, lr=5.0, gamma=1.25)
+    _fake_converge_run(folder / "episode-I32-hetero-lr5", "episode", 32, flat(125.0), **lr5)
+    _fake_converge_run(folder / "celgc-I32-hetero-lr5", "celgc", 32, flat(150.0), **lr5)
     result = experiments.report("converge", tmp_path)
     rows = {r["run"]: r for r in result["rows"]}
     assert rows["celgc-I32"]["group"] == "main runs" and rows["celgc-I32"]["plain CELGC"] is None
@@ -235,6 +239,8 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     episode = rows["episode-I32-hetero"]
     assert episode["baseline"] == "naive-hetero" and episode["plain CELGC"] == "celgc-I32-hetero"
     assert episode["vs naive %"] == pytest.approx(10.0) and rows["celgc-I32-hetero"]["group"] == "scenarios"
+    assert rows["episode-I32-hetero-lr5"]["plain CELGC"] == "celgc-I32-hetero-lr5"
+    assert rows["episode-I32-hetero-lr5"]["vs plain %"] == pytest.approx(100 * (125 - 150) / 150)
     # A bf16 round carries half of AWD-LSTM's message: celgc-I8-bf16 reaches its own 160 at its
     # last validation (step 120, 15 rounds).
     per_step = result["targets"]["per_step_compute"]
@@ -244,9 +250,11 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     from localclip.experiments.report import _converge_groups, _load_finished
 
     groups = _converge_groups({run: _load_finished(folder / run) for run in result["finished"]})
-    assert groups["scenarios"] == ["naive-hetero", "celgc-I32-hetero"]  # each run once (naive-hetero is its own baseline)
+    # each run once (naive-hetero is its own baseline)
+    assert groups["scenarios"] == ["naive-hetero", "celgc-I32-hetero", "celgc-I32-hetero-lr5"]
     assert groups["beyond the paper"] == ["naive", "celgc-I32", "celgc-I32-nesterov", "celgc-I8-bf16", "naive-hetero",
-                                          "celgc-I32-hetero", "episode-I32-hetero"]
+                                          "celgc-I32-hetero", "episode-I32-hetero", "celgc-I32-hetero-lr5",
+                                          "episode-I32-hetero-lr5"]
     markdown = (folder / "summary.md").read_text()
     for name in result["figures"].values():
         assert (folder / name).stat().st_size > 10_000 and f"]({name})" in markdown

@@ -42,6 +42,13 @@ class EPISODE(DistributedAlgorithm):
     :attr:`bytes_communicated`. Extra memory: one flat copy of the gradients (the correction
     :math:`G - G_i`).
 
+    Because the clip decision is made once at :math:`x_r`, a round that starts with
+    :math:`\|G\| \le \gamma/\eta` takes all its ``period`` steps at the full :math:`\eta`, however
+    large the gradients grow on the way: it is local SGD without clipping for that round. So ``lr``
+    must be one at which unclipped local SGD is stable. On ptb-converge (η = 20, γ = 5, I = 32)
+    the first round is such a round and the run diverges in it, as local SGD at η = 20 does
+    (docs/results.md, "Beyond the paper").
+
     Args: as :class:`~localclip.algorithms.CELGC`; ``clip_mode`` must be ``"local"`` (EPISODE
     has its own clip rule, which replaces the clip modes).
     """

@@ -269,13 +269,15 @@ def converge(epochs: float = 12.0) -> Plan:
 
     Beyond the paper, on the same recipe: CELGC I=32 and I=256 with DiLoCo's outer Nesterov step
     (``-nesterov``), CELGC I=8 with bf16 rounds (``celgc-I8-bf16``) and EPISODE I=32 on the
-    heterogeneous shards (``episode-I32-hetero``). 4 validations per epoch.
+    heterogeneous shards (``episode-I32-hetero``), and EPISODE and CELGC I=32 heterogeneous at
+    ``LOCAL_SGD_STABLE_LR`` with the same γ/η (``-lr5``). 4 validations per epoch.
     """
     base = get_recipe("ptb-converge")
     seed2 = base.seed + 1
     short = max(6.0, epochs / 2) if epochs >= 6 else epochs / 2
     stable = LOCAL_SGD_STABLE_LR
     mom = dict(momentum=0.9, lr=base.lr * 0.1, gamma=base.gamma * 0.1)
+    at_stable = dict(lr=stable, gamma=base.gamma * stable / base.lr)
     # The order is the order of the questions: the headline pair first, so a sweep cut short by
     # the end of a session has answered the most.
     runs = [
@@ -302,6 +304,10 @@ def converge(epochs: float = 12.0) -> Plan:
         ("celgc-I256-nesterov", _converge(epochs, algorithm="celgc", period=256, outer_optimizer="nesterov")),
         ("celgc-I8-bf16", _converge(epochs, algorithm="celgc", period=8, compression="bf16")),
         ("episode-I32-hetero", _converge(short, algorithm="episode", period=32, heterogeneous=True)),
+        # EPISODE runs a round that starts below the clip norm unclipped, so at η = 20 it diverges
+        # like local SGD; these two compare it with CELGC at the stable η, same clip norm γ/η.
+        ("episode-I32-hetero-lr5", _converge(short, algorithm="episode", period=32, heterogeneous=True, **at_stable)),
+        ("celgc-I32-hetero-lr5", _converge(short, algorithm="celgc", period=32, heterogeneous=True, **at_stable)),
     ]
     return runs
 

@@ -304,10 +304,10 @@ def _group(config: dict) -> str:
 
 def _plain(run: str, data: dict, finished: dict) -> str | None:
     """A beyond-the-paper run's plain CELGC counterpart: same period, length, seed, data split,
-    participation and momentum, with plain averaging and float32 rounds."""
+    participation, momentum, lr and γ, with plain averaging and float32 rounds."""
     if _group(data["config"]) != "beyond the paper":
         return None
-    key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum")
+    key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum", "lr", "gamma")
     matches = [other for other, d in finished.items()
                if d["config"].get("algorithm") == "celgc" and _group(d["config"]) != "beyond the paper"
                and all(d["config"].get(k) == data["config"].get(k) for k in key)]
