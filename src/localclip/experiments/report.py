@@ -427,8 +427,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
 
 
 # Config fields that do not say what a run computes: the seed (what a family varies), and how a
-# run is observed and hosted (a field added since an older run was written counts as one of these
-# too, so that run and a newer one with another seed still make a family).
+# run is observed and hosted. stop_check_interval is one of the latter and was added after the
+# first runs were written, so without this an old run and a newer one would never make a family.
 _NOT_THE_RUN = frozenset({"seed"}) | (RESUME_MAY_CHANGE - {"max_steps", "epochs"})
 
 
