@@ -156,6 +156,7 @@ def test_out_naming_an_existing_file_is_refused_and_untouched(capsys, tmp_path):
         ("lr_decay_epochs=[0.5,0.2]", "increasing order"),
         ("lr_decay_epochs=[-1]", "lr_decay_epochs"),
         ("keep_checkpoints=0", "keep_checkpoints"),
+        ("stop_on_divergence=maybe", "stop_on_divergence"),
     ],
 )
 def test_bad_settings_are_refused_before_any_run_folder_exists(capsys, tmp_path, override, needle):

@@ -13,7 +13,7 @@ from localclip.train.config import TrainConfig, apply_overrides, config_from_dic
 
 INT_FIELDS = ["workers", "period", "batch_size", "bptt", "log_interval", "checkpoint_interval", "seed"]
 FLOAT_FIELDS = ["lr", "gamma", "momentum", "weight_decay", "lr_decay", "timeout"]
-BOOL_FIELDS = ["variable_bptt", "heterogeneous", "average_buffers", "allow_custom_corpus"]
+BOOL_FIELDS = ["variable_bptt", "heterogeneous", "average_buffers", "allow_custom_corpus", "stop_on_divergence"]
 
 
 @settings(max_examples=60, deadline=None)

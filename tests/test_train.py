@@ -108,3 +108,26 @@ def test_a_diverged_run_reports_infinite_perplexity(tmp_path):
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["val/ppl"] == math.inf or math.isnan(summary["val/ppl"])
+    assert summary["diverged_at_step"] == 6  # the final validation found it
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_diverged_run_stops_at_the_validation_that_finds_it(tmp_path, stop):
+    """stop_on_divergence (the default) ends the run at the first validation with an infinite
+    perplexity, writing no checkpoint of the diverged state; off, the run spends its budget."""
+    code, out = train(tmp_path, "--algorithm", "local-sgd", "--workers", "2", "--period", "2", "--max-steps", "24", "--lr", "1e6",
+                      "--set", "eval_interval=4", "--set", "checkpoint_interval=2", "--set", f"stop_on_divergence={str(stop).lower()}")
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["val/ppl"] == math.inf
+    evals = [r for r in records(out) if "val/ppl" in r and not r.get("final")]
+    first_bad = next(r["step"] for r in evals if r["val/ppl"] == math.inf)
+    if stop:
+        assert summary["steps"] == first_bad == summary["diverged_at_step"] < 24
+        assert max(r["step"] for r in records(out)) == first_bad  # nothing trained after it
+        saved = [int(d.name.split("-")[1]) for d in (out / "checkpoints").glob("step-*")]
+        assert saved and all(step < first_bad for step in saved)  # none of the diverged state
+    else:
+        assert summary["steps"] == 24 and "diverged_at_step" not in summary
+    config = json.loads((out / "config.json").read_text())
+    assert config["stop_on_divergence"] is stop

@@ -133,6 +133,10 @@ class TrainConfig:
     """Local steps at most between two checks for a stop request (SIGTERM/SIGINT; one 4-byte
     all-reduce each) besides every round; 0: at rounds and epoch starts only. Results do not
     depend on it."""
+    stop_on_divergence: bool = True
+    """End the run at the first validation whose loss is NaN/Inf or whose perplexity overflows to
+    infinity (a diverged model: training on only spends the budget). The summary records the step
+    in ``diverged_at_step``; the run ends with its final evaluation, like any other."""
     timeout: float = 300.0
     """Seconds a collective may wait for peers before the run fails."""
     on_nonfinite: str = "skip"
@@ -176,6 +180,8 @@ class TrainConfig:
             bad("max_steps", "must be >= 1")
         if self.participants is not None and not 1 <= self.participants <= self.workers:
             bad("participants", f"must be in [1, workers={self.workers}]")
+        if not isinstance(self.stop_on_divergence, bool):
+            bad("stop_on_divergence", "expected true or false")
         if self.on_nonfinite not in ("skip", "raise"):
             bad("on_nonfinite", "expected skip or raise")
         if not self.timeout > 0:

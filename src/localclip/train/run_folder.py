@@ -37,7 +37,7 @@ __all__ = ["RESUME_MAY_CHANGE", "RunFolder", "atomic_write_text", "atomic_torch_
 #: Config fields a resume may change: the budget, and how the run is observed and hosted.
 RESUME_MAY_CHANGE = frozenset({
     "max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "keep_checkpoints", "loggers",
-    "stop_check_interval",
+    "stop_check_interval", "stop_on_divergence",
 })
 
 

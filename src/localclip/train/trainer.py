@@ -14,6 +14,10 @@ continues a finished run exactly where a straight run with that budget would be.
 boundary (every step for naive parallel clipping), every ``stop_check_interval`` steps within a
 long period, and every epoch start, where one all-reduce
 of the request flags tells every worker whether to checkpoint and stop there.
+
+A run whose validation shows a diverged model (``stop_on_divergence``) ends at that evaluation
+with its final one: every worker sees the same all-reduced loss, so they stop together with no
+extra collective, and no checkpoint of the diverged state is written.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.best_val = math.inf
+        self.diverged_at: int | None = None  # the step whose validation found the model diverged
         self.bad_epochs = 0
         self.asgd_avg: list[torch.Tensor] | None = None
         self.asgd_count = 0
@@ -180,16 +185,19 @@ class Trainer:
             if self._position < limit and not self._budget_spent():
                 self._run_epoch(limit, bar)
             cut = self._budget_spent() or limit < num_batches
-            if cut:
+            diverged = self.diverged_at is not None
+            if cut and not diverged:
                 # The budget ends inside this epoch: keep the state before the final averaging,
                 # where a run with a larger budget would carry on.
                 self.save_checkpoint()
             self.algorithm.average()  # end of the epoch: every worker holds the average
             if self._interval[1] > 0:
                 self._log_train(bar)
-            if cut:
+            if cut or diverged:
                 break  # the final evaluation below covers this point
             self._end_of_epoch_eval()
+            if self.diverged_at is not None:
+                break
             # Checkpoint at the start of the next epoch, its batches set up, so a resume never
             # replays the finished epoch; after the last epoch too, so more epochs can follow.
             self.epoch = epoch + 1
@@ -220,6 +228,8 @@ class Trainer:
             "period": cfg.period,
         }
         summary.update(final)
+        if self.diverged_at is not None:
+            summary["diverged_at_step"] = self.diverged_at
         summary["model/sha256"] = state_hash(self.model)
         return summary
 
@@ -247,7 +257,7 @@ class Trainer:
                 self._log_train(bar)
             if cfg.eval_interval and self.step % cfg.eval_interval == 0:
                 self._log_eval(splits=("valid",))
-            if self._position >= limit or self._budget_spent():
+            if self._position >= limit or self._budget_spent() or self.diverged_at is not None:
                 return
             if self.step % cfg.checkpoint_interval == 0:
                 self.save_checkpoint()
@@ -373,6 +383,8 @@ class Trainer:
             if final:
                 record["final"] = True
             self.run.log(record)
+        if self.config.stop_on_divergence and self.diverged_at is None and _diverged(result):
+            self.diverged_at = self.step
         return result
 
     def _swap_in_asgd_average(self):
@@ -435,6 +447,12 @@ class Trainer:
         self.generator.set_state(state["rng"])
         self._position = self.workload_position()
         self._saved_at = (self.step, self.epoch, self._position)
+
+
+def _diverged(result: dict) -> bool:
+    """A validation whose loss is NaN/Inf or whose perplexity overflowed (loss above ~709)."""
+    loss, ppl = result.get("val/loss"), result.get("val/ppl")
+    return (loss is not None and not math.isfinite(loss)) or (ppl is not None and not math.isfinite(ppl))
 
 
 def run_worker(config: TrainConfig, run_path: str | None, checkpoints: list[dict] | None, progress: bool = True):
