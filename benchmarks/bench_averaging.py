@@ -22,10 +22,12 @@ Table 2, outer steps (ratios to the same baseline (i)):
   (v)    ``average()`` with ``OuterSGD(0.7, momentum=0.9, nesterov=True)`` (DiLoCo's);
   (vi)   ``average()`` with ``OuterSGD(0.7)`` (no momentum);
   (vii)  ``average()`` with ``torch.optim.SGD(lr=0.7, momentum=0.9, nesterov=True)`` as the outer
-         optimizer (``TorchOuter``: the pseudo-gradient in ``.grad``, torch's foreach step).
+         optimizer (``TorchOuter``: the pseudo-gradient in ``.grad``, torch's foreach step);
+  (v')   (v) in 8 MiB chunks (``chunk_bytes``): the outer step on each chunk as it arrives.
 Table 3, compressed rounds (ratios to (ii), the uncompressed round):
   (viii) ``average()`` with ``compression="bf16"``;  (ix) with ``"fp16"``;
-  (x)    a raw ``dist.all_reduce`` of a preallocated bf16 buffer of the same length.
+  (x)    a raw ``dist.all_reduce`` of a preallocated bf16 buffer of the same length;
+  (viii') (viii) in 8 MiB chunks (each chunk decoded as it arrives, while the next travels).
 
 Each variant owns its own copy of the model (torch's util re-points ``p.data`` at its new buffer,
 which would break the averager's views).
@@ -39,6 +41,15 @@ differ by float32 rounding.
     PYTHONPATH=src python benchmarks/bench_averaging.py                    # 2 workers, 1 thread each, ~3 min
     PYTHONPATH=src python benchmarks/bench_averaging.py --world-sizes 2 --quick
     PYTHONPATH=src python benchmarks/bench_averaging.py --threads 2 --profile none
+
+With ``--link RATE`` (e.g. ``1gbit``, ``10gbit``; root, ``ip`` and ``tc`` needed) the two workers
+run in two network namespaces of their own, joined by a veth pair whose both ends are shaped to
+RATE by a token-bucket filter: a point-to-point link of that speed instead of loopback, the
+setting the library is for. It prints the same tables and the rate the raw all-reduce reaches
+against the link's. There the chunked rounds (v') and (viii') show what chunking is for: once the
+link, not the CPU, is the bottleneck, the work on one chunk overlaps the transport of the next.
+
+    sudo PYTHONPATH=src python benchmarks/bench_averaging.py --link 1gbit 10gbit --repeats 5
 """
 
 from __future__ import annotations
@@ -48,8 +59,12 @@ import datetime
 import math
 import os
 import platform
+import json
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -69,9 +84,9 @@ TABLES = {
     "plain": (BASELINE, PLAIN, "(ii') before: sum check, 8 MiB chunks, div", "(iii) torch average_parameters",
               "(iv) per-tensor reduce + broadcast + div"),
     "outer": (BASELINE, "(v) average(), OuterSGD Nesterov 0.7/0.9", "(vi) average(), OuterSGD 0.7, no momentum",
-              "(vii) average(), torch.optim.SGD Nesterov outer"),
+              "(vii) average(), torch.optim.SGD Nesterov outer", "(v') (v) with 8 MiB chunks"),
     "compressed": (PLAIN, "(viii) average(), compression=bf16", "(ix) average(), compression=fp16",
-                   "(x) dist.all_reduce, flat bf16"),
+                   "(x) dist.all_reduce, flat bf16", "(viii') (viii) with 8 MiB chunks"),
 }
 
 
@@ -128,8 +143,11 @@ def worker(repeats: int, warmup: int, phases: bool, threads: int):
         "(vi)": PeriodicAverager(build(rank), period=1, group=comm, outer_optimizer=OuterSGD(0.7)),
         "(vii)": PeriodicAverager(build(rank), period=1, group=comm,
                                   outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True)),
+        "(v')": PeriodicAverager(build(rank), period=1, group=comm, outer_optimizer=OuterSGD(0.7, 0.9, nesterov=True),
+                                 chunk_bytes=8 << 20),
     }
     compressed = {c: PeriodicAverager(build(rank), period=1, group=comm, compression=c) for c in ("bf16", "fp16")}
+    compressed["bf16 chunked"] = PeriodicAverager(build(rank), period=1, group=comm, compression="bf16", chunk_bytes=8 << 20)
     ops = dict(zip(TABLES["plain"], (
         lambda: dist.all_reduce(flat), averager.average, before,
         lambda: torch.distributed.algorithms.model_averaging.utils.average_parameters(iter(params_iii), group),
@@ -138,10 +156,10 @@ def worker(repeats: int, warmup: int, phases: bool, threads: int):
     result = {"numel": n, "threads": torch.get_num_threads(), "times": {}}
     result["times"]["plain"] = _slowest(_interleave(ops, repeats, warmup))
     ops = dict(zip(TABLES["outer"], (lambda: dist.all_reduce(flat), outer["(v)"].average, outer["(vi)"].average,
-                                     outer["(vii)"].average)))
+                                     outer["(vii)"].average, outer["(v')"].average)))
     result["times"]["outer"] = _slowest(_interleave(ops, repeats, warmup))
     ops = dict(zip(TABLES["compressed"], (averager.average, compressed["bf16"].average, compressed["fp16"].average,
-                                          lambda: dist.all_reduce(flat_bf16))))
+                                          lambda: dist.all_reduce(flat_bf16), compressed["bf16 chunked"].average)))
     result["times"]["compressed"] = _slowest(_interleave(ops, repeats, warmup))
     result["bytes"] = {"none": averager.bytes_communicated / max(1, averager.rounds),
                        "bf16": compressed["bf16"].bytes_communicated / max(1, compressed["bf16"].rounds)}
@@ -231,6 +249,137 @@ def _table(title, times, base=None, header="ms"):
               f"{statistics.median(t) / mb:>6.2f} {paired:>7.2f}")
 
 
+# -- a shaped link between two network namespaces (--link) -------------------------------------
+
+_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def link_bits(rate: str) -> float:
+    """tc's rate syntax (``1gbit``, ``500mbit``) in bit/s."""
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if rate.lower().endswith(unit):
+            try:
+                value = float(rate[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * _UNITS[unit]
+    raise SystemExit(f"bench_averaging: invalid --link rate {rate!r} (expected e.g. 1gbit, 500mbit, 10gbit)")
+
+
+class ShapedLink:
+    """Two network namespaces joined by a veth pair, each end shaped to ``rate`` by tbf.
+
+    The namespaces are this script's own (named after its pid) and are deleted on exit, which
+    deletes the veth pair with them; nothing outside them is touched."""
+
+    def __init__(self, rate: str):
+        self.rate, self.bits = rate, link_bits(rate)
+        tag = f"lcb{os.getpid() % 100000}"
+        self.namespaces = [f"{tag}-ns0", f"{tag}-ns1"]
+        self.devices = [f"{tag}a", f"{tag}b"]
+        self.addresses = ["10.251.0.1", "10.251.0.2"]
+
+    def __enter__(self):
+        if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
+            raise SystemExit("bench_averaging: --link needs root and the ip and tc commands (iproute2)")
+        try:
+            for ns in self.namespaces:
+                _sh("ip", "netns", "add", ns)
+            _sh("ip", "link", "add", self.devices[0], "type", "veth", "peer", "name", self.devices[1])
+            # tbf needs a bucket of at least one timer tick of traffic; 1 ms of the rate, >= 64 KiB.
+            burst = max(64 << 10, int(self.bits / 8 / 1000))
+            for ns, dev, addr in zip(self.namespaces, self.devices, self.addresses):
+                _sh("ip", "link", "set", dev, "netns", ns)
+                _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                _sh("ip", "-n", ns, "link", "set", dev, "up")
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                    "rate", self.rate, "burst", str(burst), "latency", "50ms")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    def command(self, rank: int, argv: list[str]) -> tuple[list[str], dict]:
+        """The command line and environment that run ``argv`` as worker ``rank`` on its side."""
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=self.devices[rank])
+        return ["ip", "netns", "exec", self.namespaces[rank], *argv], env
+
+
+def _sh(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"bench_averaging: {' '.join(argv)} failed: {done.stderr.strip()}")
+
+
+def _over_link(link: ShapedLink, args, profile: bool) -> dict:
+    """Run the benchmark's two workers across ``link``; rank 0's result."""
+    with tempfile.TemporaryDirectory(prefix="lc-bench-link-") as tmp:
+        store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
+        procs = []
+        for rank in range(2):
+            argv = [sys.executable, os.path.abspath(__file__), "--_rank", str(rank), "--_store", store, "--_result", out,
+                    "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
+                    "--profile", "first" if profile else "none"]
+            cmd, env = link.command(rank, argv)
+            procs.append(subprocess.Popen(cmd, env=env))
+        try:
+            codes = [p.wait(timeout=1800) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        if any(codes):
+            raise SystemExit(f"bench_averaging: a worker over the {link.rate} link failed (exit codes {codes})")
+        with open(out) as f:
+            return json.load(f)
+
+
+def _link_worker(args) -> int:
+    """One worker of ``--link`` (run inside its namespace by :func:`_over_link`)."""
+    from localclip.comm import distributed
+
+    distributed.init(backend="gloo", rank=args._rank, world_size=2, store_path=args._store, timeout=600)
+    try:
+        profile = args.profile != "none"
+        result = worker(args.repeats, args.warmup, profile, args.threads)
+        if args._rank == 0:
+            with open(args._result, "w") as f:
+                json.dump(result, f)
+    finally:
+        distributed.shutdown()
+    return 0
+
+
+def _print_result(res: dict, title: str, elapsed: float, repeats: int, link: ShapedLink | None = None) -> None:
+    print(f"\n=== {title} ({res['threads']} torch thread(s)/worker): {res['numel']:,} "
+          f"float32 per round ({4 * res['numel'] / 2**20:.1f} MiB); {repeats} rounds interleaved; "
+          f"slowest rank per round; {elapsed:.0f}s ===")
+    if link is not None:
+        raw = statistics.median(res["times"]["plain"][BASELINE])
+        sent = 4 * res["numel"] * 8  # bits each worker sends in a 2-worker all-reduce (half, then half)
+        print(f"   link {link.rate}: the raw all-reduce moves {sent / raw / 1e9:.2f} Gbit/s per direction "
+              f"({sent / raw / link.bits:.2f}x the link's {link.bits / 1e9:g} Gbit/s); modelled as in the converge "
+              f"report (bytes / rate + 50 us): {1e3 * (sent / link.bits + 50e-6):.0f} ms, measured {1e3 * raw:.0f} ms")
+    _table("1. One plain averaging round (ratio = median / median of (i); paired = median of per-round ratios)",
+           res["times"]["plain"])
+    _table("2. One round with an outer step (ratios to (i))", res["times"]["outer"])
+    _table("3. Compressed rounds (ratios to (ii), the uncompressed round)", res["times"]["compressed"])
+    b = res["bytes"]
+    print(f"   bytes sent per round (counted from the tensors all-reduced): none {b['none']:,.0f}, "
+          f"bf16 {b['bf16']:,.0f} ({b['bf16'] / b['none']:.3f}x)")
+    if "chunks" in res:
+        print("\nChunkings vs one all-reduce, same start (max |difference| / max |x|, all ranks; 0 or float32 rounding):")
+        for k, v in res["check"].items():
+            print(f"  {k:<60} {v:.1e}")
+        _table("4. (ii) with chunked all-reduces, interleaved (ratios to (i))", res["chunks"])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2])
@@ -240,30 +389,29 @@ def main(argv=None):
     ap.add_argument("--profile", choices=("none", "first", "all"), default="first",
                     help="time (ii)'s chunk sizes at no, the first, or every world size (default first)")
     ap.add_argument("--quick", action="store_true", help="3 timed rounds, 1 warm-up, no profile")
+    ap.add_argument("--link", nargs="+", metavar="RATE",
+                    help="instead of loopback: 2 workers over a veth link shaped to each RATE in turn (e.g. 1gbit 10gbit; root)")
+    for hidden in ("--_rank", "--_store", "--_result"):  # a --link worker inside its namespace
+        ap.add_argument(hidden, type=int if hidden == "--_rank" else str, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup, args.profile = 3, 1, "none"
+    if args._rank is not None:
+        return _link_worker(args)
     print(f"bench_averaging  {datetime.date.today()}  torch {torch.__version__}  {platform.machine()} "
           f"cpus={os.cpu_count()}  load avg {os.getloadavg()[0]:.2f}")
-    for i, world in enumerate(args.world_sizes):
+    for rate in args.link or []:
+        link_bits(rate)  # every rate checked before the first link is built
+    for i, rate in enumerate(args.link or []):
+        t0 = time.perf_counter()
+        with ShapedLink(rate) as link:
+            res = _over_link(link, args, profile=args.profile == "all" or (args.profile == "first" and i == 0))
+        _print_result(res, f"world size 2 over a {rate} veth link (gloo)", time.perf_counter() - t0, args.repeats, link)
+    for i, world in enumerate([] if args.link else args.world_sizes):
         t0 = time.perf_counter()
         profile = args.profile == "all" or (args.profile == "first" and i == 0)
         res = spawn(worker, world, args.repeats, args.warmup, profile, args.threads, timeout=600, join_timeout=1800)[0]
-        print(f"\n=== world size {world} (gloo, {res['threads']} torch thread(s)/worker): {res['numel']:,} "
-              f"float32 per round ({4 * res['numel'] / 2**20:.1f} MiB); {args.repeats} rounds interleaved; "
-              f"slowest rank per round; {time.perf_counter() - t0:.0f}s ===")
-        _table("1. One plain averaging round (ratio = median / median of (i); paired = median of per-round ratios)",
-               res["times"]["plain"])
-        _table("2. One round with an outer step (ratios to (i))", res["times"]["outer"])
-        _table("3. Compressed rounds (ratios to (ii), the uncompressed round)", res["times"]["compressed"])
-        b = res["bytes"]
-        print(f"   bytes sent per round (counted from the tensors all-reduced): none {b['none']:,.0f}, "
-              f"bf16 {b['bf16']:,.0f} ({b['bf16'] / b['none']:.3f}x)")
-        if "chunks" in res:
-            print("\nChunkings vs one all-reduce, same start (max |difference| / max |x|, all ranks; 0 or float32 rounding):")
-            for k, v in res["check"].items():
-                print(f"  {k:<60} {v:.1e}")
-            _table("4. (ii) with chunked all-reduces, interleaved (ratios to (i))", res["chunks"])
+        _print_result(res, f"world size {world} (gloo)", time.perf_counter() - t0, args.repeats)
     print("\nTargets (issue 14): (ii) <= 1.1x (i); (v) <= 1.3x (i); bf16 bytes 0.5x.")
     print(f"load avg at end {os.getloadavg()[0]:.2f}")
     return 0

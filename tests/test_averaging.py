@@ -84,7 +84,7 @@ def test_parameters_become_views_of_the_flat_buffer_and_replacement_is_detected(
     "kwargs,match",
     [(dict(period=0), "period: 0"), (dict(period=2.5), "period: 2.5"), (dict(period=1, optimizer_state="mean"), "optimizer_state: 'mean'"),
      (dict(period=1, participants=9), "participants: 9"), (dict(period=1, warmup_steps=-1), "warmup_steps: -1"),
-     (dict(period=1, chunk_bytes=0), "chunk_bytes: 0")],
+     (dict(period=1, chunk_bytes=0), "chunk_bytes: 0"), (dict(period=1, chunk_bytes="big"), "chunk_bytes: .big.")],
 )
 def test_invalid_averager_options_name_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -252,3 +252,34 @@ def test_only_rounds_that_change_something_are_counted():
     assert out[0][0] == 6 and out[0][1] == 2 * 16 * 4  # BatchNorm statistics alone (float32)
     for k in out[0][2]:
         assert torch.equal(out[0][2][k], out[1][2][k]), k
+
+
+def test_outer_rounds_default_to_chunks_and_chunking_leaves_every_result_as_it_is():
+    """With an outer optimizer the default ("auto") all-reduces 8 MiB chunks, each finished as it
+    arrives; from the same start, three Nesterov rounds give bit for bit the one-all-reduce result
+    (a 10 MB buffer: a whole chunk and a partial one)."""
+    from localclip.averaging import OUTER_CHUNK_BYTES
+
+    def worker(chunk_bytes):
+        comm = current()
+        with localclip.rng.seeded(0):
+            model = torch.nn.Linear(1250, 2000)
+        avg = localclip.PeriodicAverager(model, period=1, outer_optimizer=OuterSGD(0.7, 0.9, nesterov=True),
+                                         **({} if chunk_bytes == "default" else {"chunk_bytes": chunk_bytes}))
+        g = localclip.rng.worker_generator(0, comm.rank)
+        for _ in range(3):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn(p.shape, generator=g))
+            avg.step()
+        return avg.chunk_bytes, len(avg.flat_buffers[0]) * 4, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    default = SimulatedWorld(2).run(worker, "default")
+    whole = SimulatedWorld(2).run(worker, None)
+    chunk, nbytes, _ = default[0]
+    assert chunk == OUTER_CHUNK_BYTES and OUTER_CHUNK_BYTES < nbytes < 2 * OUTER_CHUNK_BYTES
+    for (_, _, d), (_, _, w) in zip(default, whole):
+        assert torch.equal(d, w)
+    assert torch.equal(default[0][2], default[1][2])
+    # a plain round stays one all-reduce
+    assert localclip.PeriodicAverager(tiny_model(), period=1, group=localclip.comm.SingleProcess()).chunk_bytes is None
