@@ -18,12 +18,14 @@ Table 1, a plain round:
   (iii)  torch's ``torch.distributed.algorithms.model_averaging.utils.average_parameters``
          (``cat`` into a new flat buffer, divide, all-reduce, re-point ``p.data``);
   (iv)   per-tensor ``dist.reduce`` to rank 0 then ``dist.broadcast``, then a division.
-Table 2, outer steps (ratios to the same baseline (i)):
+Table 2, outer steps (ratios to the same baseline (i)), each in 8 MiB chunks (the default with an
+outer optimizer) unless said otherwise:
   (v)    ``average()`` with ``OuterSGD(0.7, momentum=0.9, nesterov=True)`` (DiLoCo's);
   (vi)   ``average()`` with ``OuterSGD(0.7)`` (no momentum);
   (vii)  ``average()`` with ``torch.optim.SGD(lr=0.7, momentum=0.9, nesterov=True)`` as the outer
          optimizer (``TorchOuter``: the pseudo-gradient in ``.grad``, torch's foreach step);
-  (v')   (v) in 8 MiB chunks (``chunk_bytes``): the outer step on each chunk as it arrives.
+  (v')   (v) as one all-reduce (``chunk_bytes=None``; the default before 2026-12-04): the outer
+         step starts when the whole buffer has arrived.
 Table 3, compressed rounds (ratios to (ii), the uncompressed round):
   (viii) ``average()`` with ``compression="bf16"``;  (ix) with ``"fp16"``;
   (x)    a raw ``dist.all_reduce`` of a preallocated bf16 buffer of the same length;
@@ -48,6 +50,7 @@ RATE by a token-bucket filter: a point-to-point link of that speed instead of lo
 setting the library is for. It prints the same tables and the rate the raw all-reduce reaches
 against the link's. There the chunked rounds (v') and (viii') show what chunking is for: once the
 link, not the CPU, is the bottleneck, the work on one chunk overlaps the transport of the next.
+(The first --link run, 2026-12-04, timed chunked Nesterov as (v') beside an unchunked (v).)
 
     sudo PYTHONPATH=src python benchmarks/bench_averaging.py --link 1gbit 10gbit --repeats 5
 """
@@ -84,7 +87,7 @@ TABLES = {
     "plain": (BASELINE, PLAIN, "(ii') before: sum check, 8 MiB chunks, div", "(iii) torch average_parameters",
               "(iv) per-tensor reduce + broadcast + div"),
     "outer": (BASELINE, "(v) average(), OuterSGD Nesterov 0.7/0.9", "(vi) average(), OuterSGD 0.7, no momentum",
-              "(vii) average(), torch.optim.SGD Nesterov outer", "(v') (v) with 8 MiB chunks"),
+              "(vii) average(), torch.optim.SGD Nesterov outer", "(v') (v) as one all-reduce (chunk_bytes=None)"),
     "compressed": (PLAIN, "(viii) average(), compression=bf16", "(ix) average(), compression=fp16",
                    "(x) dist.all_reduce, flat bf16", "(viii') (viii) with 8 MiB chunks"),
 }
@@ -144,7 +147,7 @@ def worker(repeats: int, warmup: int, phases: bool, threads: int):
         "(vii)": PeriodicAverager(build(rank), period=1, group=comm,
                                   outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True)),
         "(v')": PeriodicAverager(build(rank), period=1, group=comm, outer_optimizer=OuterSGD(0.7, 0.9, nesterov=True),
-                                 chunk_bytes=8 << 20),
+                                 chunk_bytes=None),
     }
     compressed = {c: PeriodicAverager(build(rank), period=1, group=comm, compression=c) for c in ("bf16", "fp16")}
     compressed["bf16 chunked"] = PeriodicAverager(build(rank), period=1, group=comm, compression="bf16", chunk_bytes=8 << 20)
