@@ -210,6 +210,26 @@ def test_converge_report_numbers(tmp_path):
     assert "## Time to this run's final perplexity" in (folder / "summary.md").read_text()
 
 
+def test_converge_report_says_where_a_stopped_run_diverged(tmp_path):
+    """A run ended by stop_on_divergence has a 'diverged at step' column and a note; a sweep
+    without one has neither."""
+    folder = tmp_path / "converge"
+    _fake_converge_run(folder / "naive", "naive", 1, [300, 250, 220, 200])
+    experiments.report("converge", tmp_path)
+    assert "diverged at step" not in (folder / "summary.md").read_text()
+    inf = float("inf")
+    _fake_converge_run(folder / "local-sgd-I8-lr20", "local-sgd", 8, [inf], epochs=12)
+    summary = json.loads((folder / "local-sgd-I8-lr20" / "summary.json").read_text())
+    summary.update(steps=10, epochs=0.25, diverged_at_step=10)
+    (folder / "local-sgd-I8-lr20" / "summary.json").write_text(json.dumps(summary))
+    result = experiments.report("converge", tmp_path)
+    rows = {r["run"]: r for r in result["rows"]}
+    assert rows["local-sgd-I8-lr20"]["diverged at step"] == 10 and "diverged at step" not in rows["naive"]
+    text = (folder / "summary.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| run | group"))
+    assert "| diverged at step |" in header and "stop_on_divergence" in text
+
+
 def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     """Scenario and beyond-the-paper runs are judged against their naive baseline and their plain
     CELGC counterpart, and each group gets its own figure beside them."""

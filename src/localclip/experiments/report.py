@@ -93,6 +93,9 @@ def _row(run: str, data: dict) -> dict:
     s, c = data["summary"], data["config"]
     metric = "ppl" if "val/ppl" in s else "acc"
     algorithm = c.get("algorithm")
+    # A run stopped where its validation found the model diverged (stop_on_divergence): its
+    # steps and epochs are where it stopped, not its plan.
+    diverged = {"diverged at step": s["diverged_at_step"]} if "diverged_at_step" in s else {}
     return {
         "run": run,
         "algorithm": algorithm,
@@ -100,6 +103,7 @@ def _row(run: str, data: dict) -> dict:
         "I": c.get("period") if algorithm in PERIODIC_ALGORITHMS and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
         "epochs": s.get("epochs"),
         "steps": s.get("steps"),
+        **diverged,
         f"val/{metric}": s.get(f"val/{metric}"),
         f"test/{metric}": s.get(f"test/{metric}"),
         "comm/rounds": s.get("comm/rounds"),
@@ -397,7 +401,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
             base = times.get((row["baseline"], col))
             own = times.get((row["run"], col))
             row[f"naive/this {link}, 97 MB"] = base / own if base and own else None
-    main = ["run", "group", "algorithm", "N", "I", "seed", "dropout", "epochs", "steps", "val/ppl", "test/ppl", "spread last 3 val",
+    stopped = ["diverged at step"] if any("diverged at step" in row for row in rows) else []
+    main = ["run", "group", "algorithm", "N", "I", "seed", "dropout", "epochs", "steps", *stopped, "val/ppl", "test/ppl", "spread last 3 val",
             "gain last 2 epochs %", "vs naive %", "plain CELGC", "vs plain %", "comm/rounds", "rounds/epoch", "MB sent"]
     timing = ["run", "baseline", "target val/ppl", "steps to target", "rounds to target"]
     timing += [f"s to target {link}{label}" for link in LINKS for label in ("", ", 97 MB")]
@@ -406,7 +411,9 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     converse += [f"{who}s to it {link}, 97 MB" for link in LINKS for who in ("naive ", "")]
     converse += [f"naive/this to it {link}, 97 MB" for link in LINKS]
     note = (
-        "spread last 3 val: largest minus smallest of the last three validation perplexities (the evaluation noise); "
+        ("diverged at step: the run stopped at the validation that found its model diverged (stop_on_divergence); "
+         "its epochs and steps are where it stopped. " if stopped else "")
+        + "spread last 3 val: largest minus smallest of the last three validation perplexities (the evaluation noise); "
         "gain last 2 epochs: how much val/ppl fell from the end of epoch E-2 to the end of the last epoch E, in % "
         "(under 1 %: a plateau). Rounds count only collectives that carry something the workers do not already share. "
         "Time to target: the first validation at or below the baseline's final val/ppl (baseline: the naive parallel run "
