@@ -80,11 +80,12 @@ def main() -> int:
 
 if __name__ == "__main__":
     status = main()
-    # Leave without the interpreter's shutdown. Gloo's worker threads outlive the destroyed
-    # group (torch 2.13 keeps it alive from C++), and one that lets go of the last reference to
-    # a collective's temporary tensor needs the GIL; during shutdown that aborts the process
-    # after a clean run ("terminate called without an active exception", SIGABRT: 1 run in 7
-    # on a loaded 2-core machine, the main thread in Py_FinalizeEx; cf. pytorch/pytorch#190489).
+    # Leave without the interpreter's shutdown. With torch 2.13 the gloo group outlives
+    # destroy_process_group (no Python object refers to it, yet it is not freed) and so do its
+    # worker threads; one that lets go of a collective's temporary tensor needs the GIL, and
+    # during shutdown that aborts the process after a clean run ("terminate called without an
+    # active exception", SIGABRT in a pt_gloo_runloop thread while the main thread is in
+    # Py_FinalizeEx: 1 run in 4 to 8 on a loaded 2-core machine; cf. pytorch/pytorch#190489).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
