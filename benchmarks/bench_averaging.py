@@ -59,10 +59,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import platform
-import json
 import shutil
 import statistics
 import subprocess
@@ -307,6 +307,8 @@ class ShapedLink:
     def __exit__(self, *exc):
         for ns in self.namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        # A set-up that failed before moving the pair into the namespaces leaves it here.
+        subprocess.run(["ip", "link", "del", self.devices[0]], capture_output=True)
 
     def command(self, rank: int, argv: list[str]) -> tuple[list[str], dict]:
         """The command line and environment that run ``argv`` as worker ``rank`` on its side."""
