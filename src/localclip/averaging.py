@@ -13,8 +13,9 @@ it. A plain round is then one pass and one in-place all-reduce:
   overlaps the transport of the rest only pays where there is work after the transport: a
   plain round has none (over gloo on a loaded 2-core machine, at one intra-op thread per worker,
   8 MiB chunks made it ~25 % slower), a round with an outer step has six passes over the
-  buffer, and there 8 MiB chunks made the round 1.09x instead of 1.37x the bare all-reduce over a
-  1 Gbit/s link, 2.0x instead of 3.0x over loopback on a loaded machine (``bench_averaging.py``). So the default
+  buffer, and there 8 MiB chunks made the round 1.01x instead of 1.07x the bare all-reduce over a
+  1 Gbit/s link (1.09x instead of 1.37x on a loaded machine), 2.0x instead of 3.0x over a loaded
+  loopback, and no worse over a quiet one (``bench_averaging.py``). So the default
   (``chunk_bytes="auto"``) is one all-reduce for plain and compressed rounds, 8 MiB chunks with an
   outer optimizer.
 
