@@ -79,13 +79,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    # Leave without the interpreter's shutdown. With torch 2.13 the gloo group outlives
-    # destroy_process_group (no Python object refers to it, yet it is not freed) and so do its
-    # worker threads; one that lets go of a collective's temporary tensor needs the GIL, and
-    # during shutdown that aborts the process after a clean run ("terminate called without an
-    # active exception", SIGABRT in a pt_gloo_runloop thread while the main thread is in
-    # Py_FinalizeEx: 1 run in 4 to 8 on a loaded 2-core machine; cf. pytorch/pytorch#190489).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    from localclip.comm import distributed
+
+    # In place of sys.exit: a gloo worker can abort in the interpreter's shutdown (see there).
+    distributed.exit_process(main())

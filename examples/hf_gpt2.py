@@ -103,4 +103,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # In place of sys.exit: a gloo worker can abort in the interpreter's shutdown (see there).
+    distributed.exit_process(main())

@@ -97,3 +97,15 @@ def test_nan_injected_into_one_gloo_worker_leaves_the_average_finite():
             if v.is_floating_point():
                 assert torch.isfinite(v).all(), k
                 torch.testing.assert_close(v, results[0]["state"][k])
+
+
+def test_exit_process_flushes_and_keeps_the_status():
+    """exit_process leaves without the interpreter's shutdown, so what was printed must have been
+    flushed and the status must survive; without a group it only flushes and exits."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom localclip.comm import distributed\nprint('out', end='')\nsys.stderr.write('err')\n"
+            "distributed.exit_process(3)\nprint('never')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stdout == "out" and proc.stderr.endswith("err"), proc

@@ -284,5 +284,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The ``localclip`` command: :func:`main`, and a torchrun worker leaves through
+    :func:`localclip.comm.distributed.exit_process` (see there why)."""
+    code = main()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
+        from localclip.comm import distributed
+
+        distributed.exit_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

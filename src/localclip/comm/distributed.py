@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -92,6 +93,25 @@ def shutdown() -> None:
     base.install(None)
     if is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(status: int = 0):
+    """End this process with ``status``: destroy the group, flush stdout and stderr, and leave
+    without the interpreter's shutdown. Call it last, in place of ``sys.exit``, in a process that
+    used a gloo group (a torchrun worker).
+
+    Why: with torch 2.13 a gloo group and its worker threads outlive ``destroy_process_group``, and
+    a worker thread that lets go of a collective's tensor once the interpreter has begun to shut
+    down needs the GIL and aborts the process ("terminate called without an active exception",
+    SIGABRT) after a run that succeeded. Seen under gdb: a ``pt_gloo_runloop`` thread in
+    ``take_gil`` while the main thread was in ``Py_FinalizeEx``; 1 torchrun run in 4 to 8 of the
+    Accelerate example, and in the own-model example, on a loaded 2-core machine. Files the
+    program opened must be closed before (``with`` blocks are).
+    """
+    shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _user_group() -> "ProcessGroupCommunicator | None":
