@@ -111,6 +111,15 @@ class DistributedAlgorithm(torch.optim.Optimizer):
     def clip_fraction(self) -> torch.Tensor:
         return self.optimizer.clip_fraction
 
+    @property
+    def local_grad_norm(self) -> torch.Tensor:
+        """The norm of this worker's gradient at the last step, as the local update saw it
+        (CELGC: the worker's own gradient; EPISODE: its corrected gradient g − G_i + G); a 0-dim
+        tensor, NaN where the optimizer keeps no norm. Naive parallel clipping overrides it with
+        the norm before the all-reduce."""
+        norm = getattr(self.optimizer, "last_grad_norm", None)
+        return norm if norm is not None else torch.tensor(float("nan"))
+
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:

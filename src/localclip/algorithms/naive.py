@@ -56,8 +56,10 @@ class NaiveParallelClipping(DistributedAlgorithm):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._local_norm = None
         if self.comm.world_size > 1:
             params, flat = flat_grads(p for g in self.param_groups for p in g["params"])
+            self._local_norm = torch.linalg.vector_norm(flat)  # statistics only: the step clips with the mean's
             self._reduce_mean([flat], "gradient averaging")
             offset = 0
             for p in params:
@@ -66,6 +68,12 @@ class NaiveParallelClipping(DistributedAlgorithm):
                 offset += n
         self.optimizer.step()
         return loss
+
+    @property
+    def local_grad_norm(self) -> torch.Tensor:
+        """The norm of this worker's own gradient at the last step, before the all-reduce."""
+        local = getattr(self, "_local_norm", None)
+        return local if local is not None else super().local_grad_norm
 
     def average(self) -> None:
         """Average the floating-point buffers (the parameters are identical already)."""

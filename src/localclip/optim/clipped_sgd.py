@@ -137,6 +137,7 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
         self._skipped_steps = torch.zeros((), dtype=torch.long, device=device)
         self._steps = 0
         self._last_grad_norm = torch.full((), math.nan, device=device)
+        self._last_step_length = torch.full((), math.nan, device=device)
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -189,6 +190,7 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
         # A non-finite gradient skips the step on the device (no host sync on the fused path).
         found_inf = None if norm is None else (~torch.isfinite(norm)).float()
         clipped = None
+        lengths = []  # per group: step size · ‖direction‖, where known without another pass
         for group, params in zip(self.param_groups, per_group):
             if not params:
                 continue
@@ -206,12 +208,34 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
             if group["momentum"] != 0:
                 for p, buf in zip(params, bufs):
                     self.state[p]["momentum_buffer"] = buf
+            lengths.append(self._direction_norm(group, params, bufs, norm, len(per_group)) * step_size)
+        self._last_step_length = _step_length(lengths, found_inf)
         self._steps += 1
         if clipped is not None:
             self._clipped_steps += clipped.to(self._clipped_steps.device)
         if found_inf is not None:
             self._skipped_steps += found_inf.to(self._skipped_steps.device).long()
         return loss
+
+    @staticmethod
+    def _direction_norm(group: dict, params: list, bufs: list, norm: Tensor | None, groups: int) -> Tensor | float:
+        """‖d‖ of the step just taken in ``group``, where it costs no extra pass over the
+        gradients: the clip norm itself (no momentum and no weight decay, one group), or the
+        momentum buffer (heavy-ball momentum, which holds d); NaN otherwise (Nesterov, weight
+        decay without momentum, several groups without momentum)."""
+        if group["momentum"] == 0:
+            if group["weight_decay"] == 0 and groups == 1 and norm is not None:
+                return norm
+            return math.nan
+        if group["nesterov"]:
+            return math.nan
+        return grad_norm(bufs)
+
+    @property
+    def last_step_length(self) -> Tensor:
+        """‖x_after − x_before‖ of the last step, ``step size · ‖d‖`` (a 0-dim tensor; 0 for a
+        skipped step; NaN where :meth:`_direction_norm` does not know ‖d‖)."""
+        return self._last_step_length
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -239,6 +263,12 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
             self._skipped_steps.copy_(clip["skipped_steps"])
             self._last_grad_norm = clip["last_grad_norm"].clone()
             self.set_reference_norm(clip["reference_norm"])
+
+
+def _step_length(lengths: list, found_inf: Tensor | None) -> Tensor:
+    """The length of a step over all groups from each group's; 0 for a skipped step."""
+    length = torch.stack([torch.as_tensor(x, dtype=torch.float64) for x in lengths]).square().sum().sqrt()
+    return length if found_inf is None else torch.where(found_inf.bool(), torch.zeros_like(length), length)
 
 
 def norm_dtype(tensors: list[Tensor]) -> torch.dtype:

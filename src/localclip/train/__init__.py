@@ -3,10 +3,12 @@ to a runtime (simulate, spawn or torchrun)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from localclip.errors import ConfigError, LocalclipError, RunFolderError
+from localclip.provenance import code_version
 from localclip.train.config import ALGORITHMS, TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
@@ -34,7 +36,7 @@ def run_training(
     config = config.resolved()
     check_model(config)
     out = str(Path(out).resolve())
-    config_json = config.to_json()
+    config_json = run_config_json(config)
     if runtime not in launch.RUNTIMES:
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
     if runtime == "torchrun":
@@ -46,6 +48,12 @@ def run_training(
     with interrupt.catch():
         results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout)
     return results[0]
+
+
+def run_config_json(config: TrainConfig) -> str:
+    """What ``config.json`` holds: the resolved config and, under ``provenance``, the code that
+    started the run (:func:`localclip.provenance.code_version`)."""
+    return json.dumps({**json.loads(config.to_json()), "provenance": code_version()}, indent=2, sort_keys=True)
 
 
 def _check_corpus(config: TrainConfig) -> None:
@@ -75,8 +83,9 @@ def _torchrun_worker(config: TrainConfig, out: str, resume: bool, progress: bool
         run = RunFolder(out)
         try:
             _check_corpus(config)
-            checkpoints = run.prepare(config.to_json(), resume=resume)
-            run.begin(config.to_json(), resuming=bool(checkpoints))
+            config_json = run_config_json(config)
+            checkpoints = run.prepare(config_json, resume=resume)
+            run.begin(config_json, resuming=bool(checkpoints))
         except LocalclipError as exc:
             failed.fill_(1)
             error = exc

@@ -2,7 +2,7 @@
 
 Layout::
 
-    RUN/config.json           the resolved config (written once, when the run starts)
+    RUN/config.json           the resolved config and the code version (written once, when the run starts)
     RUN/metrics.jsonl         one JSON record per line, flushed as written
     RUN/summary.json          written last: its presence marks a finished run
     RUN/checkpoints/latest.json         the index: the newest complete set first, then older kept ones
@@ -34,9 +34,10 @@ from localclip.train.loggers import open_sinks
 
 __all__ = ["RESUME_MAY_CHANGE", "RunFolder", "atomic_write_text", "atomic_torch_save"]
 
-#: Config fields a resume may change: the budget, and how the run is observed and hosted.
+#: Config fields a resume may change: the budget, and how the run is observed and hosted
+#: (``provenance``, the code version, is recorded, not compared: a bit-identical refactor may resume).
 RESUME_MAY_CHANGE = frozenset({
-    "max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "keep_checkpoints", "loggers",
+    "provenance", "max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "keep_checkpoints", "loggers",
     "stop_check_interval", "stop_on_divergence",
 })
 

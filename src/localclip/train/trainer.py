@@ -15,6 +15,14 @@ boundary (every step for naive parallel clipping), every ``stop_check_interval``
 long period, and every epoch start, where one all-reduce
 of the request flags tells every worker whether to checkpoint and stop there.
 
+Besides the loss, every logging interval records what explains a run's progress (see
+:meth:`Trainer._log_train`): the mean norm of the workers' own gradients, the norm of their mean
+(sampled at the interval's last step, with one gradient all-reduce kept out of the algorithm's
+traffic and timings), how often a local gradient exceeds the clip norm, and the mean length of a
+local step; every evaluation records how far the evaluated (averaged) model moved since the last
+one against the mean path the workers walked (``move/efficiency``). None of it changes a number of
+the run itself.
+
 A run whose validation shows a diverged model (``stop_on_divergence``) ends at that evaluation
 with its final one: every worker sees the same all-reduced loss, so they stop together with no
 extra collective, and no checkpoint of the diverged state is written.
@@ -34,6 +42,7 @@ from localclip.outer import OuterSGD
 from localclip import interrupt
 from localclip.comm import current
 from localclip.errors import ConfigError, Interrupted, NonFiniteError, RunFolderError
+from localclip.provenance import code_version
 from localclip.train.config import PERIODIC_ALGORITHMS, TrainConfig
 from localclip.train.inner import build_inner_algorithm
 from localclip.train.run_folder import RunFolder
@@ -108,6 +117,15 @@ class Trainer:
         # loss sum, steps; the third slot is unused but stays so that checkpoints keep their shape
         self._interval = torch.zeros(3, dtype=torch.float64)
         self._clipped_seen = 0
+        # Per interval, summed over this worker's steps: local gradient norm, local step length,
+        # steps whose local gradient exceeds the clip norm, the sampled norm of the mean
+        # gradient, and the number of such samples.
+        self._step_stats = torch.zeros(5, dtype=torch.float64)
+        self._probe_cost = (0.0, 0.0, 0.0)  # (clock, comm, waited) seconds of this step's sample
+        # The model at the last evaluation (all workers hold the same one there) and the length
+        # of the path this worker's local steps walked since.
+        self._move_from: torch.Tensor | None = self._flat_params()
+        self._path = torch.zeros((), dtype=torch.float64)
         self._resume_state = None
         self._eval_cache: dict = {}
         self._position, self._num_batches = 0, 1
@@ -133,17 +151,68 @@ class Trainer:
             if "gamma" in group:  # AdamW's max_grad_norm bounds a norm, not a step: it stays
                 group["gamma"] = self.config.gamma * factor
 
-    def train_step(self, batch, scale: float = 1.0) -> torch.Tensor:
-        """One local step: forward, backward, and the algorithm's step (which may communicate)."""
+    def train_step(self, batch, scale: float = 1.0, sample_mean_gradient: bool = False) -> torch.Tensor:
+        """One local step: forward, backward, and the algorithm's step (which may communicate).
+
+        ``sample_mean_gradient``: before the step, all-reduce the workers' gradients to record
+        the norm of their mean (every worker must pass the same value)."""
         self._set_step_size(scale)
         objective, reported = self.workload.loss(batch)
         self.algorithm.zero_grad()
         objective.backward()
+        self._probe_cost = self._sample_mean_gradient() if sample_mean_gradient else (0.0, 0.0, 0.0)
         self.algorithm.step()
+        self._record_step()
         if self.config.on_nonfinite == "raise" and int(self.algorithm.optimizer.skipped_steps):
             # Opting in to "raise" costs one host read per step (free on the CPU).
             raise NonFiniteError(f"rank {self.rank}: non-finite gradient at step {self.step + 1} (loss {reported.item():.4g})")
         return reported.detach()
+
+    @torch.no_grad()
+    def _sample_mean_gradient(self) -> tuple[float, float, float]:
+        """Add the norm of the workers' mean gradient to this interval's samples; return what the
+        sample cost (clock, communication and waiting seconds), which no timing counts."""
+        t0, comm0, waited0 = self.comm.clock(), self.comm.seconds, self.comm.waited
+        grads = [p.grad.reshape(-1) for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            flat = torch.cat(grads)
+            if self.world_size > 1:
+                self.comm.all_reduce([flat])  # metrics only: not part of the algorithm's traffic
+                flat.div_(self.world_size)
+            self._step_stats[3] += torch.linalg.vector_norm(flat, dtype=torch.float64)
+            self._step_stats[4] += 1
+        return self.comm.clock() - t0, self.comm.seconds - comm0, self.comm.waited - waited0
+
+    def _record_step(self) -> None:
+        """Accumulate the step's statistics on the device (no host read)."""
+        norm = self.algorithm.local_grad_norm.double()
+        length = getattr(self.algorithm.optimizer, "last_step_length", None)
+        length = length.double() if length is not None else torch.tensor(math.nan, dtype=torch.float64)
+        self._step_stats[0] += norm
+        self._step_stats[1] += length
+        group = self.algorithm.param_groups[0]
+        if "gamma" in group:
+            self._step_stats[2] += (norm * group["lr"] > group["gamma"]).double()
+        self._path += length
+
+    def _flat_params(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).clone()
+
+    def _movement(self) -> dict:
+        """How far the model moved since the last evaluation against the mean path the workers'
+        local steps walked (both in parameter space); every worker calls it at every evaluation."""
+        path = self._path.reshape(1).clone()
+        if self.world_size > 1:
+            self.comm.all_reduce([path])  # metrics only
+        path = float(path) / self.world_size
+        here = self._flat_params()
+        moved = {}
+        if self._move_from is not None and path > 0:
+            displacement = float(torch.linalg.vector_norm(here - self._move_from))
+            moved = {"move/path": path, "move/displacement": displacement, "move/efficiency": displacement / path}
+        self._move_from = here
+        self._path.zero_()
+        return moved
 
     # -- the schedule --------------------------------------------------------------------------
 
@@ -226,6 +295,7 @@ class Trainer:
             "algorithm": cfg.algorithm,
             "workers": cfg.workers,
             "period": cfg.period,
+            "provenance": code_version(),
         }
         summary.update(final)
         if self.diverged_at is not None:
@@ -241,13 +311,14 @@ class Trainer:
             self._position += 1
             comm_before, waited_before = self.comm.seconds, self.comm.waited
             t0 = self.comm.clock()
-            loss = self.train_step(batch, scale)
-            dt = self.comm.clock() - t0
+            loss = self.train_step(batch, scale, sample_mean_gradient=(self.step + 1) % cfg.log_interval == 0)
             # A simulated worker's wait for the others' turns is neither its compute nor
-            # communication: leave it out of both.
-            comm_dt = self.comm.seconds - comm_before
+            # communication: leave it out of both; so is the statistics' gradient sample.
+            probe_clock, probe_comm, probe_waited = self._probe_cost
+            dt = self.comm.clock() - t0 - probe_clock
+            comm_dt = self.comm.seconds - comm_before - probe_comm
             self.time_comm += comm_dt
-            self.time_compute += dt - comm_dt - (self.comm.waited - waited_before)
+            self.time_compute += dt - comm_dt - (self.comm.waited - waited_before - probe_waited)
             self.step += 1
             self._interval[0] += loss.double()
             self._interval[1] += 1
@@ -312,11 +383,13 @@ class Trainer:
         opt = self.algorithm.optimizer
         clipped = int(opt.clipped_steps)
         extra = [clipped - self._clipped_seen, self.time_compute, self.time_comm, int(opt.skipped_steps), self.algorithm.averager.nonfinite_rounds]
-        stats = torch.cat([self._interval, torch.tensor(extra, dtype=torch.float64)])
+        stats = torch.cat([self._interval, torch.tensor(extra, dtype=torch.float64), self._step_stats])
         self._clipped_seen = clipped
         self.comm.all_reduce([stats])  # metrics only: not part of the algorithm's traffic
-        loss_sum, steps, _, clipped_sum, t_compute, t_comm, skipped, nonfinite_rounds = stats.tolist()
+        loss_sum, steps, _, clipped_sum, t_compute, t_comm, skipped, nonfinite_rounds, *step_stats = stats.tolist()
+        norm_sum, length_sum, local_hits, mean_norm_sum, samples = step_stats
         self._interval.zero_()
+        self._step_stats.zero_()
         if self.run is None or steps == 0:
             return
         group = self.algorithm.param_groups[0]
@@ -326,6 +399,11 @@ class Trainer:
             "train/loss": loss_sum / steps,
             "train/ppl": (math.exp(loss_sum / steps) if loss_sum / steps < 709 else math.inf) if self.workload.metric == "ppl" else None,
             "clip/fraction": clipped_sum / steps,
+            # The mechanism: local gradients against their mean, and the local step length.
+            "clip/local_fraction": local_hits / steps if "gamma" in self.algorithm.param_groups[0] else None,
+            "grad/local_norm": norm_sum / steps,
+            "grad/mean_norm": mean_norm_sum / samples if samples else None,
+            "step/length": length_sum / steps,
             "comm/rounds": self.algorithm.rounds,
             "comm/bytes": self.algorithm.bytes_communicated,
             "time/compute": t_compute / self.world_size,
@@ -366,6 +444,7 @@ class Trainer:
         return self._eval_cache[key]
 
     def _log_eval(self, splits, final: bool = False) -> dict:
+        moved = self._movement()
         swapped = self._swap_in_asgd_average()
         try:
             result = {}
@@ -379,7 +458,7 @@ class Trainer:
                     for p, raw in zip(self.model.parameters(), swapped):
                         p.copy_(raw)
         if self.run is not None:
-            record = {"step": self.step, "epoch": self._epoch_progress(), **result, "comm/rounds": self.algorithm.rounds, "comm/bytes": self.algorithm.bytes_communicated}
+            record = {"step": self.step, "epoch": self._epoch_progress(), **result, **moved, "comm/rounds": self.algorithm.rounds, "comm/bytes": self.algorithm.bytes_communicated}
             if final:
                 record["final"] = True
             self.run.log(record)
@@ -414,6 +493,9 @@ class Trainer:
             "time_comm": self.time_comm,
             "interval": self._interval.clone(),
             "clipped_seen": self._clipped_seen,
+            "step_stats": self._step_stats.clone(),
+            "move_from": self._move_from,
+            "path": self._path.clone(),
         }
 
     def save_checkpoint(self) -> None:
@@ -444,6 +526,10 @@ class Trainer:
         self.time_compute, self.time_comm = state["time_compute"], state["time_comm"]
         self._interval.copy_(state["interval"])
         self._clipped_seen = state["clipped_seen"]
+        # Checkpoints written before these statistics existed: count them from here.
+        self._step_stats.copy_(state.get("step_stats", torch.zeros_like(self._step_stats)))
+        self._move_from = state.get("move_from")
+        self._path.copy_(state.get("path", torch.zeros_like(self._path)))
         self.generator.set_state(state["rng"])
         self._position = self.workload_position()
         self._saved_at = (self.step, self.epoch, self._position)
