@@ -346,3 +346,63 @@ def converge_lsgd(epochs: float = 2.0) -> Plan:
 
 def _dropout(value: float) -> dict:
     return {**get_recipe("ptb-converge").model_options, "dropout": value}
+
+
+# -- a fair comparison: both sides tuned on the same grid ------------------------------------------
+
+#: The clipping parameters γ both naive parallel clipping and CELGC are tuned over, at the
+#: recipe's η = 20: clip norms γ/η of 0.25 (the recipe's), 0.5, 0.7 and 1.0.
+TUNE_GAMMAS = (5.0, 10.0, 14.0, 20.0)
+
+
+@sweep("tune-gamma")
+def tune_gamma(epochs: float = 3.0) -> Plan:
+    """Tuning γ for both sides alike — ptb-converge, N=8: naive and CELGC I=32 at γ = 5, 10, 14, 20 (η = 20).
+
+    The same grid and the same budget for each side: one run per γ of ``epochs`` epochs (default
+    3, a quarter of the converge length, the recipe's lr/γ decay compressed to it, so each run
+    ends its own schedule). A γ at which a side is unstable stops at its first validation (a
+    quarter epoch in), which makes every run its own stability probe. The γ with the lower final
+    val/ppl is that side's best; the 12-epoch comparison runs each side at its own best. The
+    pairs are ordered so that two jobs run one naive and one CELGC run side by side.
+    """
+    runs = []
+    for gamma in TUNE_GAMMAS:
+        runs.append((f"naive-g{gamma:g}", _converge(epochs, algorithm="naive", period=1, gamma=gamma)))
+        runs.append((f"celgc-I32-g{gamma:g}", _converge(epochs, algorithm="celgc", period=32, gamma=gamma)))
+    return runs
+
+
+@sweep("speedup-converge")
+def speedup_converge(epochs: float = 12.0) -> Plan:
+    """Speed-up at the end of training — ptb-converge, CELGC I=8 at N = 1, 2, 4 (b = 5 and η fixed); N = 8 is converge's celgc-I8.
+
+    Every run makes ``epochs`` passes over the corpus (default 12, the converge schedule), so N
+    workers take 1/N as many steps each as one worker; N = 1 is the ``single`` algorithm (a world
+    of one averages nothing). The report compares validation at equal epochs (equal samples) and
+    the steps per worker each N needs to reach fixed perplexities near the end. 3 runs, 4
+    validations per epoch.
+    """
+    runs = [("single-N1", _converge(epochs, algorithm="single", workers=1))]
+    runs += [(f"celgc-I8-N{n}", _converge(epochs, algorithm="celgc", workers=n, period=8)) for n in (2, 4)]
+    return runs
+
+
+AWD_REGIME_STEPS = 300
+
+
+@sweep("awd-regime")
+def awd_regime(epochs: float = 1.0) -> Plan:
+    """The paper's regime measured — ptb-awd (AWD-LSTM, N=8, b=3, clip norm 0.25, variable BPTT), naive, 300 steps: does naive clip every step?
+
+    Naive parallel clipping clips the mean of the 8 workers' gradients; its ``clip/fraction`` is
+    how often that mean exceeds the clip norm, and ``clip/local_fraction`` how often one worker's
+    own 3-sequence gradient does (which is what CELGC's workers clip). Both, and the two norms,
+    are logged every 10 steps over the first ``AWD_REGIME_STEPS`` steps (``epochs`` only bounds
+    the run). One run; on one core about an hour and a half.
+    """
+    cfg = dataclasses.replace(
+        get_recipe("ptb-awd"), algorithm="naive", epochs=epochs, max_steps=AWD_REGIME_STEPS, log_interval=10,
+        eval_interval=0, threads=1, checkpoint_interval=50, asgd_patience=0,
+    )
+    return [("naive", cfg)]
