@@ -108,6 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     report_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
     report_cmd.add_argument("--loss-target", type=_positive_float("--loss-target"), help="speedup: training-loss target (default: the worst final one)")
     report_cmd.add_argument("--ppl-target", type=_positive_float("--ppl-target"), help="speedup: validation-perplexity target (default: the worst final one)")
+    report_cmd.add_argument("--check", action="store_true", help="instead of the tables: rerun each finished run's first logged interval with "
+                            "today's code and compare its training loss with the committed one (exit 1 if any differs by more than 1e-6 relative)")
+    report_cmd.add_argument("--only", nargs="+", metavar="RUN", help="--check: only these runs")
+    report_cmd.add_argument("--data-root", help="--check: the corpora's folder (default: each run's own)")
     theory = sub.add_parser("theory", help="the theory check: CELGC on a synthetic (L0, L1)-smooth problem (about a minute)")
     theory.add_argument("--out", default="results/theory", help="output folder (default results/theory)")
     theory.add_argument("--seeds", type=_positive_int("--seeds"), default=3, help="seeds per setting; the median is reported (default 3)")
@@ -232,6 +236,13 @@ def _report(args) -> int:
 
     from localclip.experiments import report
 
+    if args.check:
+        from localclip.experiments.reproduce import check_sweep
+
+        results = check_sweep(Path(args.root) / args.name, only=args.only, data_root=args.data_root, echo=lambda line: print(line, flush=True))
+        differ = [r["run"] for r in results if not r["same"]]
+        print(f"{len(results) - len(differ)} of {len(results)} runs reproduced" + (f"; differ: {', '.join(differ)}" if differ else ""))
+        return 1 if differ else 0
     result = report(args.name, args.root, loss_target=args.loss_target, ppl_target=args.ppl_target)
     print(Path(result["markdown"]).read_text(), end="")
     written = [result["csv"], result["markdown"]] + [result[k] for k in ("figure", "curves") if result.get(k)]

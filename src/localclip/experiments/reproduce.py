@@ -1,0 +1,87 @@
+"""Whether today's code still produces a committed run: its first logged interval, rerun.
+
+A table's numbers are only as good as the code that can make them again. :func:`check_sweep`
+reruns every finished run of a sweep folder from its own ``config.json`` for the steps of its
+first ``metrics.jsonl`` training record, in a temporary folder, and compares that record's
+training loss with the committed one. Runs whose config pins one intra-op thread per worker (every
+sweep's) are deterministic, so a relative difference above :data:`TOLERANCE` means the code now
+computes something else than when the run was made. ``localclip report NAME --check`` prints one
+line per run and fails if any run differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from pathlib import Path
+
+from localclip.errors import LocalclipError
+
+__all__ = ["TOLERANCE", "check_run", "check_sweep"]
+
+#: The largest relative difference of the first interval's training loss that counts as the same.
+TOLERANCE = 1e-6
+
+
+def _first_train_record(folder: Path) -> dict | None:
+    path = folder / "metrics.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "train/loss" in record:
+            return record
+    return None
+
+
+def check_run(folder: Path, data_root: str | None = None) -> dict:
+    """Rerun ``folder``'s first logged interval; return ``{"run", "steps", "committed", "now",
+    "relative", "same", "commit"}`` (``commit``: the code version that made the run, if recorded)."""
+    from localclip.train import run_training
+    from localclip.train.config import config_from_dict
+
+    saved = json.loads((folder / "config.json").read_text())
+    provenance = saved.pop("provenance", None) or {}
+    first = _first_train_record(folder)
+    if first is None:
+        raise LocalclipError(f"{folder}: no training record in metrics.jsonl to check against")
+    config = config_from_dict(saved)
+    # Only the budget, the evaluation's length and where the data lies change: none of them moves
+    # a training number of the first interval.
+    config = dataclasses.replace(
+        config, max_steps=int(first["step"]), eval_tokens=2000, loggers=[], data_root=data_root or config.data_root,
+        stop_on_divergence=False,
+    )
+    with tempfile.TemporaryDirectory(prefix="localclip-check-") as tmp:
+        run_training(config, Path(tmp) / "run", progress=False)
+        now = _first_train_record(Path(tmp) / "run")
+    committed, again = first["train/loss"], now["train/loss"] if now else math.nan
+    relative = abs(again - committed) / abs(committed) if committed else abs(again)
+    return {
+        "run": folder.name, "steps": int(first["step"]), "committed": committed, "now": again, "relative": relative,
+        "same": relative <= TOLERANCE, "commit": provenance.get("commit"),
+    }
+
+
+def check_sweep(folder: Path, only: list[str] | None = None, data_root: str | None = None, echo=print) -> list[dict]:
+    """:func:`check_run` on every finished run of the sweep folder ``folder`` (or those ``only`` names)."""
+    runs = sorted(p for p in folder.iterdir() if (p / "summary.json").is_file()) if folder.is_dir() else []
+    if only:
+        unknown = sorted(set(only) - {p.name for p in runs})
+        if unknown:
+            raise LocalclipError(f"{folder}: no finished run named {', '.join(unknown)}")
+        runs = [p for p in runs if p.name in only]
+    if not runs:
+        raise LocalclipError(f"{folder}: no finished runs to check")
+    results = []
+    for path in runs:
+        result = check_run(path, data_root)
+        made = f" (made by {result['commit'][:10]})" if result["commit"] else " (code version not recorded)"
+        verdict = "same" if result["same"] else "DIFFERS"
+        echo(f"{result['run']:28s} steps 1-{result['steps']}: train/loss {result['committed']:.10g} committed, "
+             f"{result['now']:.10g} now, relative {result['relative']:.1e}: {verdict}{made}")
+        results.append(result)
+    return results
