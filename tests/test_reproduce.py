@@ -30,3 +30,24 @@ def test_check_reruns_the_first_interval_and_catches_a_changed_number(tmp_path, 
     assert main(["report", "mine", "--root", str(tmp_path / "sweeps"), "--check", "--only", "naive", "--data-root", str(SHARED)]) == 1
     out = capsys.readouterr().out
     assert "DIFFERS" in out and "0 of 1 runs reproduced; differ: naive" in out
+
+
+def test_report_of_a_tuning_sweep_names_each_sides_best_and_writes_the_mechanism(tmp_path):
+    from localclip.experiments import report
+
+    sweep = tmp_path / "tune-gamma"
+    for name, algorithm, gamma in (("naive-g5", "naive", 5), ("naive-g10", "naive", 10), ("celgc-I32-g5", "celgc", 5)):
+        assert main(["train", "ptb-small", *SMOKE, "--algorithm", algorithm, "--workers", "2", "--period", "2", "--max-steps", "6",
+                     "--gamma", str(gamma), "--set", "threads=1", "--out", str(sweep / name)]) == 0
+    result = report("tune-gamma", tmp_path)
+    rows = {row["run"]: row for row in result["rows"]}
+    naive = [rows["naive-g5"], rows["naive-g10"]]
+    best = min(naive, key=lambda row: row["val/ppl"])
+    assert [row["best for its side"] for row in naive] == ["yes" if row is best else "" for row in naive]
+    assert rows["celgc-I32-g5"]["best for its side"] == "yes" and rows["naive-g10"]["clip norm γ/η"] == 10 / 20
+    assert result["targets"]["best_gamma"] == {"naive": best["γ"], "celgc": 5}
+    lines = (sweep / "mechanism.csv").read_text().splitlines()
+    assert lines[0].startswith("run,epoch,grad/local_norm,grad/mean_norm,clip/fraction")
+    assert len(lines) == 1 + 3  # one epoch of each run
+    assert (sweep / "mechanism.png").stat().st_size > 10_000
+    assert "![mechanism](mechanism.png)" in (sweep / "summary.md").read_text()

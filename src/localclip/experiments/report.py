@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 
 from localclip.errors import LocalclipError
+from localclip.experiments import mechanism
 from localclip.experiments.plans import SWEEPS, SweepError, plan
 from localclip.train.config import PERIODIC_ALGORITHMS
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
@@ -158,6 +159,9 @@ def report(
     elif name.startswith("converge"):  # converge, and its tuning and probe sweeps
         targets, tables, note = _converge_tables(rows, finished)
         notes.append(note)
+    elif name == "tune-gamma":
+        targets, note = _tune_columns(rows, finished)
+        notes.append(note)
 
     result = {
         "sweep": name, "folder": str(folder), "rows": rows, "finished": list(finished), "unfinished": unfinished,
@@ -190,8 +194,37 @@ def report(
                 result["curves"] = str(_converge_curves(finished, groups, folder / "curves.png", name))
         except LocalclipError as exc:  # the tables are still worth having
             result["figure_error"] = str(exc)
+    if any(mechanism.has_statistics(data) for data in finished.values()):
+        try:
+            result["mechanism"] = mechanism.write_mechanism(finished, folder, f"sweep {name}")
+        except ImportError as exc:  # the per-epoch table is written before the figure
+            result["figure_error"] = result["figure_error"] or f"mechanism.png needs matplotlib ({exc})"
     atomic_write_text(folder / "summary.md", _markdown(name, rows, tables or [("", columns)], unfinished, notes, result))
     return result
+
+
+def _tune_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
+    """tune-gamma: each run's γ and clip norm, its last epoch's clipping, and each side's best γ."""
+    best: dict = {}
+    for row in rows:
+        data = finished[row["run"]]
+        config = data["config"]
+        row["γ"] = config.get("gamma")
+        row["clip norm γ/η"] = config["gamma"] / config["lr"] if config.get("gamma") and config.get("lr") else None
+        last = [r for r in data["train"] if r.get("epoch", 0) > (data["summary"].get("epochs") or 0) - 1]
+        for key, column in (("clip/fraction", "clipped (last epoch)"), ("clip/local_fraction", "local > γ/η (last epoch)")):
+            values = [r[key] for r in last if _good(r.get(key))]
+            row[column] = sum(values) / len(values) if values else None
+        side = row["algorithm"]
+        if _good(row.get("val/ppl")) and (side not in best or row["val/ppl"] < best[side]["val/ppl"]):
+            best[side] = row
+    for row in rows:
+        row["best for its side"] = "yes" if best.get(row["algorithm"]) is row else ""
+    chosen = {side: row["γ"] for side, row in best.items()}
+    note = ("Each side gets the same grid and one run per γ of the same length; a side's best γ is the one with "
+            "the lower final validation perplexity (at the end of the compressed schedule). Best: "
+            + ", ".join(f"{side} γ = {gamma:g}" for side, gamma in chosen.items()) + ".")
+    return {"best_gamma": chosen}, note
 
 
 def _speedup_columns(rows: list[dict], finished: dict, loss_target, ppl_target) -> tuple[dict, str]:
@@ -556,6 +589,9 @@ def _markdown(name: str, rows: list[dict], tables: list[tuple[str, list[str]]], 
         lines += ["", f"![{group or 'runs'}]({path})"]
     if result.get("curves"):
         lines += ["", "![validation perplexity per epoch](curves.png)"]
+    if result.get("mechanism"):
+        lines += ["", "Per epoch: gradient norms, clip fractions, step lengths and how far the averaged model moved "
+                  "(`mechanism.csv`; see `localclip.experiments.mechanism`).", "", "![mechanism](mechanism.png)"]
     if result["figure_error"]:
         lines.append(f"No figure: {result['figure_error']}")
     return "\n".join(lines) + "\n"
