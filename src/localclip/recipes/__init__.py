@@ -87,6 +87,22 @@ def ptb_converge() -> TrainConfig:
     )
 
 
+@recipe("wt2-converge")
+def wt2_converge() -> TrainConfig:
+    """WikiText-2, ptb-converge's 2x200 tied LSTM, N=8, b=10, 6 epochs, lr and γ step-decayed together: a CPU run to the end of its schedule.
+
+    ptb-converge adapted to WikiText-2's size: the same model, η, clip norm γ/η = 0.25 and
+    schedule shape (constant for the first third, then lr and γ multiplied by one factor per epoch
+    down to 1/256), over 6 epochs instead of 12 because an epoch holds 2.2x PTB's tokens over a
+    3.3x larger vocabulary (about 45-50 minutes of one core for 8 simulated workers), and the
+    paper's WikiText-2 batch of 10 sequences per worker (its PTB runs use 3). Seed 1882, the
+    paper's WikiText-2 seed.
+    """
+    base = ptb_converge()
+    decay_epochs, decay = converge_schedule(6.0, 1 / 3)
+    return dataclasses.replace(base, dataset="wikitext2", batch_size=10, epochs=6.0, lr_decay_epochs=decay_epochs, lr_decay=decay, seed=1882)
+
+
 @recipe("ptb-awd")
 def ptb_awd() -> TrainConfig:
     """PTB, AWD-LSTM (24M params), N=8, b=3, η=30, γ=7.5, I=2, 250 epochs: the paper's setting (GPUs)."""
