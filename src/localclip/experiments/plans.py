@@ -431,3 +431,26 @@ def image_probe(epochs: float = 1.0) -> Plan:
         runs.append((f"local-sgd-I8-lr{lr:g}", _fmnist(epochs, algorithm="local-sgd", workers=8, period=8, lr=lr, **group)))
         runs.append((f"celgc-I8-lr{lr:g}", _fmnist(epochs, algorithm="celgc", workers=8, period=8, lr=lr, gamma=IMAGE_PROBE_GAMMA, **group)))
     return runs
+
+
+MOMENTUM_PROBE_LRS = (0.5, 1.0, 2.0)
+
+
+@sweep("momentum-probe")
+def momentum_probe(epochs: float = 1.0) -> Plan:
+    """One η for both sides under momentum 0.9 — ptb-converge, N=8: naive and CELGC I=4 at η = 0.5, 1, 2 (clip norm 0.25).
+
+    Momentum μ = 0.9 makes a step about 1/(1 − μ) = 10x longer, so the η of ptb-converge (20) is
+    scaled down; γ follows η so that the clip norm γ/η stays the recipe's 0.25. Short runs
+    (default 1 epoch, before the recipe's decay starts): the momentum comparison at 12 epochs
+    uses the η whose worse side is best (the same η for both, as the paper compares them). 6 runs,
+    4 validations per epoch.
+    """
+    base = get_recipe("ptb-converge")
+    clip_norm = base.gamma / base.lr
+    runs = []
+    for lr in MOMENTUM_PROBE_LRS:
+        mom = dict(momentum=0.9, lr=lr, gamma=lr * clip_norm)
+        runs.append((f"naive-mom0.9-lr{lr:g}", _converge(epochs, algorithm="naive", period=1, **mom)))
+        runs.append((f"celgc-I4-mom0.9-lr{lr:g}", _converge(epochs, algorithm="celgc", period=4, **mom)))
+    return runs
