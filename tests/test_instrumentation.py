@@ -91,3 +91,21 @@ def test_runs_record_the_code_that_made_them(tmp_path):
                  "--algorithm", "celgc", "--resume", "--out", str(out), *SMOKE]) == 0
     assert json.loads((out / "config.json").read_text())["provenance"]["commit"] == "0" * 40
     assert json.loads((out / "summary.json").read_text())["steps"] == 28
+
+
+@pytest.mark.parametrize("options", [dict(weight_decay=0.01), dict(momentum=0.9), dict(momentum=0.9, weight_decay=0.01)])
+def test_the_step_length_is_the_parameters_displacement(options):
+    import torch
+
+    from localclip.optim import ClippedSGD
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(50)), torch.nn.Parameter(torch.randn(7, 3))]
+    opt = ClippedSGD(params, lr=0.5, gamma=0.3, **options)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        before = [p.detach().clone() for p in params]
+        opt.step()
+        moved = torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(params, before)]).norm()
+        assert float(opt.last_step_length) == pytest.approx(float(moved), rel=1e-5)

@@ -199,6 +199,8 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
                 hit = norm * group["lr"] > group["gamma"]
                 clipped = hit if clipped is None else clipped | hit
             bufs = [self.state[p].get("momentum_buffer") for p in params]
+            # Without momentum the direction g + wd·x is known before the step only.
+            direction = _plain_direction_norm(group, params, norm, len(per_group)) if group["momentum"] == 0 else None
             clipped_sgd(
                 params, [p.grad for p in params], bufs, step_size,
                 weight_decay=group["weight_decay"], momentum=group["momentum"],
@@ -208,7 +210,7 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
             if group["momentum"] != 0:
                 for p, buf in zip(params, bufs):
                     self.state[p]["momentum_buffer"] = buf
-            lengths.append(self._direction_norm(group, params, bufs, norm, len(per_group)) * step_size)
+            lengths.append((direction if direction is not None else _momentum_direction_norm(group, bufs)) * step_size)
         self._last_step_length = _step_length(lengths, found_inf)
         self._steps += 1
         if clipped is not None:
@@ -217,24 +219,10 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
             self._skipped_steps += found_inf.to(self._skipped_steps.device).long()
         return loss
 
-    @staticmethod
-    def _direction_norm(group: dict, params: list, bufs: list, norm: Tensor | None, groups: int) -> Tensor | float:
-        """‖d‖ of the step just taken in ``group``, where it costs no extra pass over the
-        gradients: the clip norm itself (no momentum and no weight decay, one group), or the
-        momentum buffer (heavy-ball momentum, which holds d); NaN otherwise (Nesterov, weight
-        decay without momentum, several groups without momentum)."""
-        if group["momentum"] == 0:
-            if group["weight_decay"] == 0 and groups == 1 and norm is not None:
-                return norm
-            return math.nan
-        if group["nesterov"]:
-            return math.nan
-        return grad_norm(bufs)
-
     @property
     def last_step_length(self) -> Tensor:
         """‖x_after − x_before‖ of the last step, ``step size · ‖d‖`` (a 0-dim tensor; 0 for a
-        skipped step; NaN where :meth:`_direction_norm` does not know ‖d‖)."""
+        skipped step; NaN with Nesterov momentum, whose direction is not kept)."""
         return self._last_step_length
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -263,6 +251,28 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
             self._skipped_steps.copy_(clip["skipped_steps"])
             self._last_grad_norm = clip["last_grad_norm"].clone()
             self.set_reference_norm(clip["reference_norm"])
+
+
+def _plain_direction_norm(group: dict, params: list, norm: Tensor | None, groups: int) -> Tensor:
+    """‖g + wd·x‖ of a group without momentum, before its step: the clip norm itself when that
+    is the group's own gradient norm (no weight decay, one group), else from the dot products
+    ‖g‖² + 2·wd·⟨g, x⟩ + wd²·‖x‖² (one read of the gradients and parameters)."""
+    wd = group["weight_decay"]
+    if wd == 0 and groups == 1 and norm is not None:
+        return norm
+    acc = norm_dtype([p.grad for p in params])
+    total = torch.zeros((), dtype=acc, device=params[0].device)
+    for p in params:
+        g, x = p.grad.reshape(-1).to(acc), p.detach().reshape(-1).to(acc)
+        total += torch.dot(g, g)
+        if wd:
+            total += 2 * wd * torch.dot(g, x) + wd * wd * torch.dot(x, x)
+    return total.clamp_min(0).sqrt()
+
+
+def _momentum_direction_norm(group: dict, bufs: list) -> Tensor | float:
+    """‖d‖ of a heavy-ball step just taken: its momentum buffer; NaN for Nesterov's d + μ·buf."""
+    return math.nan if group["nesterov"] else grad_norm(bufs)
 
 
 def _step_length(lengths: list, found_inf: Tensor | None) -> Tensor:
