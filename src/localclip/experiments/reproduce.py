@@ -40,15 +40,13 @@ def _first_train_record(folder: Path) -> dict | None:
 def check_run(folder: Path, data_root: str | None = None) -> dict:
     """Rerun ``folder``'s first logged interval; return ``{"run", "steps", "committed", "now",
     "relative", "same", "commit"}`` (``commit``: the code version that made the run, if recorded)."""
-    from localclip.train import run_training
-    from localclip.train.config import config_from_dict
+    from localclip.train import RunFolder, run_training
 
-    saved = json.loads((folder / "config.json").read_text())
-    provenance = saved.pop("provenance", None) or {}
+    config, provenance = RunFolder(folder).read_config()
+    provenance = provenance or {}
     first = _first_train_record(folder)
     if first is None:
         raise LocalclipError(f"{folder}: no training record in metrics.jsonl to check against")
-    config = config_from_dict(saved)
     # Only the budget, the evaluation's length and where the data lies change: none of them moves
     # a training number of the first interval.
     config = dataclasses.replace(

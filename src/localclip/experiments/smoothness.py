@@ -130,7 +130,6 @@ def probe_run(
     (and ``smoothness.png``) into ``out`` (default: the run folder). Language-model runs only."""
     from localclip.comm import SingleProcess
     from localclip.models import detach_hidden
-    from localclip.train.config import config_from_dict
     from localclip.train.workloads import make_workload
 
     run = RunFolder(run_dir)
@@ -138,10 +137,7 @@ def probe_run(
         raise RunFolderError(f"{run.path} is not a run folder (no config.json)")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"Invalid steps: {steps!r} (expected an integer >= 1)")
-    try:
-        config = config_from_dict(json.loads(run.config_path.read_text()))
-    except json.JSONDecodeError as exc:
-        raise RunFolderError(f"{run.config_path}: unreadable config ({exc})") from exc
+    config, _ = run.read_config()
     if config.task != "lm":
         raise ConfigError(f"{run.path}: the smoothness probe handles language-model runs (task lm), not {config.task!r}")
     if data_root is not None:

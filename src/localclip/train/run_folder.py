@@ -81,6 +81,18 @@ class RunFolder:
     def started(self) -> bool:
         return self.config_path.exists()
 
+    def read_config(self) -> tuple:
+        """``(TrainConfig, provenance)`` of the run: its config, and the code version that started
+        it (None for a run made before runs recorded it)."""
+        from localclip.train.config import config_from_dict
+
+        try:
+            data = json.loads(self.config_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RunFolderError(f"{self.config_path}: unreadable config ({exc})") from exc
+        provenance = data.pop("provenance", None)
+        return config_from_dict(data), provenance
+
     def latest_checkpoint(self) -> dict | None:
         """The newest complete checkpoint set's index entry, or None."""
         sets = self.checkpoint_sets()
