@@ -231,3 +231,32 @@ def stall_nonblocking(rank_to_stall=1, seconds=15.0):
     pending.wait()
     return "reduced"
 
+
+# -- low-bit averaging (tests/test_lowbit.py) ---------------------------------------------------
+
+
+def lowbit_cases(n=50_003, rounds=3, seed=0):
+    """Rounds of lowbit_average for int8 and int4, with and without error feedback, with nearest
+    and stochastic rounding: every average, the bytes sent and the final residuals."""
+    from localclip.lowbit import ErrorFeedback, lowbit_average
+
+    comm = current()
+    out = {}
+    for bits in (8, 4):
+        for feedback in (True, False):
+            for stochastic in (False, True):
+                fb = ErrorFeedback(n) if feedback else None
+                gen = torch.Generator().manual_seed(seed + 31 * comm.rank) if stochastic else None
+                averages, sent = [], []
+                for k in range(rounds):
+                    delta = spread_values(n, seed, comm.rank, k) / 1e3
+                    res = lowbit_average(comm, delta, bits, fb, generator=gen)
+                    averages.append(res.average)
+                    sent.append(res.bytes_sent)
+                out[bits, feedback, stochastic] = {
+                    "averages": averages,
+                    "bytes": sent,
+                    "residual": None if fb is None else fb.residual,
+                    "shard_residual": None if fb is None else fb.shard_residual,
+                }
+    return out
