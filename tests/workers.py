@@ -137,3 +137,126 @@ def reduce_with_then():
     seen = []
     comm.all_reduce(xs, then=lambda t: seen.append(t.tolist()))
     return seen
+
+
+# -- all_to_all, all_gather and non-blocking collectives (tests/test_comm_collectives.py) ---------
+
+
+def spread_values(n, *key):
+    """``n`` values of magnitudes 1e-3 to 1e3, so that the order of a sum shows in its bits."""
+    g = torch.Generator().manual_seed(sum(k * 7919**i for i, k in enumerate(key, 1)) % (1 << 62))
+    return torch.randn(n, generator=g) * torch.pow(10.0, torch.randint(-3, 4, (n,), generator=g).float())
+
+
+def _rank_order_sum(n, world, *key):
+    total = spread_values(n, key[0], 0, *key[1:]).clone()
+    for k in range(1, world):
+        total.add_(spread_values(n, key[0], k, *key[1:]))
+    return total
+
+
+def _local_work(*key):
+    a = spread_values(128 * 128, *key).view(128, 128) / 1e3
+    for _ in range(4):
+        a = torch.tanh(a @ a)
+    return a.sum()
+
+
+def interleaved_collectives(seed=0):
+    """Non-blocking all-reduces (sum and max), all-to-all and all-gather, started before and waited
+    for after local work and blocking collectives, waited for in a rank-dependent order; also
+    all-to-all pieces of different sizes, in float32 and uint8. Returns the results and what
+    they must be (sums in rank order, recomputed from every rank's inputs)."""
+    comm = current()
+    world, r = comm.world_size, comm.rank
+    sizes = (1000, 7, 1)
+    reduced = [spread_values(n, seed, r, i) for i, n in enumerate(sizes)]
+    p_sum = comm.start_all_reduce(reduced)
+    peak = spread_values(5, seed, r, 9)
+    p_max = comm.start_all_reduce([peak], op="max")
+    _local_work(seed, r)
+    # Rank i sends i + 2j + 1 values to rank j.
+    send = [spread_values(r + 2 * j + 1, seed, r, 100 + j) for j in range(world)]
+    recv = [torch.empty(i + 2 * r + 1) for i in range(world)]
+    p_a2a = comm.start_all_to_all(send, recv)
+    blocking = spread_values(11, seed, r, 50)
+    comm.all_reduce([blocking])
+    bsend = [torch.full((4,), 16 * r + j, dtype=torch.uint8) for j in range(world)]
+    brecv = [torch.empty(4, dtype=torch.uint8) for _ in range(world)]
+    comm.all_to_all(bsend, brecv)
+    mine = spread_values(6, seed, r, 60)
+    gathered = torch.empty(world, 6)
+    p_gather = comm.start_all_gather(mine, list(gathered.unbind(0)))
+    _local_work(seed, r, 1)
+    pending = [p_sum, p_max, p_a2a, p_gather]
+    for p in pending if r % 2 == 0 else pending[::-1]:
+        p.wait()
+    assert all(p.is_completed() for p in pending)
+    expected = {
+        "reduced": [_rank_order_sum(n, world, seed, i) for i, n in enumerate(sizes)],
+        "peak": torch.stack([spread_values(5, seed, k, 9) for k in range(world)]).amax(0),
+        "recv": [spread_values(i + 2 * r + 1, seed, i, 100 + r) for i in range(world)],
+        "blocking": _rank_order_sum(11, world, seed, 50),
+        "brecv": [torch.full((4,), 16 * i + r, dtype=torch.uint8) for i in range(world)],
+        "gathered": torch.stack([spread_values(6, seed, k, 60) for k in range(world)]),
+    }
+    got = {"reduced": reduced, "peak": peak, "recv": recv, "blocking": blocking, "brecv": brecv, "gathered": gathered}
+    return got, expected
+
+
+def completes_while_computing(n=4096, seconds=20.0):
+    """Start a sum and a gather, then only compute (poll, no collective call) until both are
+    complete: the transport (or the last simulated worker to arrive) finishes them meanwhile."""
+    comm = current()
+    x = torch.full((n,), float(comm.rank + 1))
+    out = torch.empty(comm.world_size, 3)
+    pending = [comm.start_all_reduce([x]), comm.start_all_gather(torch.full((3,), float(comm.rank)), list(out.unbind(0)))]
+    deadline = time.monotonic() + seconds
+    while not all(p.is_completed() for p in pending) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    completed = all(p.is_completed() for p in pending)
+    for p in pending:
+        p.wait()
+    return completed, x[0].item(), out[:, 0].tolist()
+
+
+def stall_nonblocking(rank_to_stall=1, seconds=15.0):
+    """Every rank but one starts a non-blocking all-reduce, computes, then waits for it."""
+    comm = current()
+    if comm.rank == rank_to_stall:
+        time.sleep(seconds)
+        return "slept"
+    pending = comm.start_all_reduce([torch.ones(10)])
+    _local_work(comm.rank)
+    pending.wait()
+    return "reduced"
+
+
+# -- low-bit averaging (tests/test_lowbit.py) ---------------------------------------------------
+
+
+def lowbit_cases(n=50_003, rounds=3, seed=0):
+    """Rounds of lowbit_average for int8 and int4, with and without error feedback, with nearest
+    and stochastic rounding: every average, the bytes sent and the final residuals."""
+    from localclip.lowbit import ErrorFeedback, lowbit_average
+
+    comm = current()
+    out = {}
+    for bits in (8, 4):
+        for feedback in (True, False):
+            for stochastic in (False, True):
+                fb = ErrorFeedback(n) if feedback else None
+                gen = torch.Generator().manual_seed(seed + 31 * comm.rank) if stochastic else None
+                averages, sent = [], []
+                for k in range(rounds):
+                    delta = spread_values(n, seed, comm.rank, k) / 1e3
+                    res = lowbit_average(comm, delta, bits, fb, generator=gen)
+                    averages.append(res.average)
+                    sent.append(res.bytes_sent)
+                out[bits, feedback, stochastic] = {
+                    "averages": averages,
+                    "bytes": sent,
+                    "residual": None if fb is None else fb.residual,
+                    "shard_residual": None if fb is None else fb.shard_residual,
+                }
+    return out

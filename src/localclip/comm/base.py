@@ -1,11 +1,18 @@
 """The communicator interface: the only collectives the algorithms may use.
 
 CELGC needs very little from the network: an all-reduce (sum or max) of a few tensors and a
-broadcast from rank 0. Keeping the interface this small lets one algorithm implementation run
-over a real `torch.distributed` process group and over N workers simulated in one process.
+broadcast from rank 0. Low-bit averaging (:mod:`localclip.lowbit`) adds an all-to-all and an
+all-gather of raw buffers, so that the sum happens in float32 on the receiving worker rather than
+in the wire format. Keeping the interface this small lets one algorithm implementation run over
+a real `torch.distributed` process group and over N workers simulated in one process.
 
-Every collective is blocking and bounded by the communicator's timeout: a dead or stuck peer
-raises :class:`~localclip.errors.CommunicationError` instead of hanging.
+Every collective is bounded by the communicator's timeout: a dead or stuck peer raises
+:class:`~localclip.errors.CommunicationError` naming the rank instead of hanging. The
+``start_*`` forms return a :class:`Pending` handle at once, so that a worker can keep computing
+while the collective travels and apply its result later (:meth:`Pending.wait`); the plain forms
+are ``start_*(...).wait()`` (all-reduce keeps its own blocking path, with ``then``). The bytes a
+collective puts on the wire follow from its tensors: an all-to-all sends ``send[j]`` to each
+peer ``j != rank``, an all-gather sends ``tensor`` to each of the ``world_size - 1`` peers.
 """
 
 from __future__ import annotations
@@ -19,10 +26,64 @@ import torch
 
 from localclip.errors import CommunicationError
 
-__all__ = ["Communicator", "SingleProcess", "current", "install", "register_fallback", "use"]
+__all__ = ["Communicator", "Pending", "SingleProcess", "current", "install", "register_fallback", "use"]
 
 DEFAULT_TIMEOUT = 300.0
 _REDUCE_OPS = ("sum", "max")
+
+
+class Pending:
+    """A collective that was started and whose result is not yet guaranteed.
+
+    Its tensors belong to the collective until :meth:`wait` returns: reading them gives
+    unspecified values, writing them corrupts the result (over gloo, the transport reads and
+    writes them from its own threads meanwhile). Start collectives in the same order on every
+    worker, as for blocking ones; several may be pending at once. Wait for every started
+    collective before the group is shut down.
+    """
+
+    def __init__(
+        self,
+        comm: "Communicator",
+        what: str,
+        wait: Callable[[], float | None] | None = None,
+        poll: Callable[[], bool] | None = None,
+    ):
+        self.comm, self.what = comm, what
+        self._wait, self._poll = wait, poll
+        self._error: BaseException | None = None
+        self._done = wait is None
+
+    def is_completed(self) -> bool:
+        """Whether :meth:`wait` would return at once (never blocks)."""
+        return self._done or (self._poll is not None and bool(self._poll()))
+
+    def wait(self) -> None:
+        """Block until the collective's results are in its tensors.
+
+        Bounded by the communicator's timeout, counted from this call: a peer that does not take
+        part raises :class:`~localclip.errors.CommunicationError` naming this rank. The time spent
+        here is communication the local work did not hide (:attr:`Communicator.seconds`).
+        Waiting again is a no-op (or raises the same error again).
+        """
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            return
+        comm = self.comm
+        start = comm.clock()
+        try:
+            waited = self._wait() or 0.0
+        except BaseException as exc:
+            self._error = exc
+            comm._busy += comm.clock() - start
+            raise
+        comm._busy += comm.clock() - start
+        comm.waited += waited
+        self._done = True
+
+    def __repr__(self) -> str:
+        return f"Pending({self.what!r}, completed={self._done})"
 
 
 class Communicator(abc.ABC):
@@ -82,6 +143,81 @@ class Communicator(abc.ABC):
         finally:
             self._busy += clock() - start - local
 
+    def start_all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> Pending:
+        """Start :meth:`all_reduce` of ``tensors`` without waiting; see :class:`Pending`.
+
+        The result has the same bits as the blocking form (sums in rank order, as the blocking
+        form adds them).
+        """
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"Invalid reduce op: {op!r} (expected one of {_REDUCE_OPS})")
+        tensors = list(tensors)
+        what = f"all_reduce({op}) of {len(tensors)} tensor(s)"
+        if self.world_size == 1 or not tensors:
+            return Pending(self, what)
+        return self._timed_start(lambda: self._start_all_reduce(tensors, op, what))
+
+    def all_to_all(self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor]) -> None:
+        """Send ``send[j]`` to worker ``j`` and receive worker ``i``'s ``send[rank]`` into ``recv[i]``.
+
+        ``send`` and ``recv`` hold ``world_size`` tensors each, all of one dtype; ``recv[i]`` must
+        have as many elements as worker ``i``'s ``send[rank]`` (sizes may differ between pairs).
+        ``recv[rank]`` gets a copy of ``send[rank]``. Bytes on the wire from this worker:
+        ``sum(send[j].nbytes for j != rank)``.
+        """
+        self.start_all_to_all(send, recv).wait()
+
+    def start_all_to_all(self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor]) -> Pending:
+        """Start :meth:`all_to_all` without waiting; see :class:`Pending`."""
+        send, recv = list(send), list(recv)
+        if len(send) != self.world_size or len(recv) != self.world_size:
+            raise ValueError(
+                f"all_to_all needs world_size={self.world_size} send and recv tensors, got {len(send)} and {len(recv)}"
+            )
+        dtypes = {t.dtype for t in send + recv}
+        if len(dtypes) != 1:
+            raise ValueError(f"all_to_all tensors must share one dtype, got {sorted(map(str, dtypes))}")
+        if recv[self.rank].numel() != send[self.rank].numel():
+            raise ValueError(
+                f"all_to_all: recv[{self.rank}] has {recv[self.rank].numel()} elements but send[{self.rank}] "
+                f"has {send[self.rank].numel()}"
+            )
+        what = f"all_to_all of {sum(t.numel() for t in send)} element(s)"
+        if self.world_size == 1:
+            recv[0].copy_(send[0].reshape(recv[0].shape))
+            return Pending(self, what)
+        return self._timed_start(lambda: self._start_all_to_all(send, recv, what))
+
+    def all_gather(self, tensor: torch.Tensor, out: Sequence[torch.Tensor]) -> None:
+        """Receive every worker's ``tensor`` into ``out``, by rank (``out[rank]`` gets a copy of this
+        worker's). ``out`` holds ``world_size`` tensors of ``tensor``'s shape and dtype, the same on
+        every worker. Bytes on the wire from this worker: ``tensor.nbytes * (world_size - 1)``.
+        """
+        self.start_all_gather(tensor, out).wait()
+
+    def start_all_gather(self, tensor: torch.Tensor, out: Sequence[torch.Tensor]) -> Pending:
+        """Start :meth:`all_gather` without waiting; see :class:`Pending`."""
+        out = list(out)
+        if len(out) != self.world_size:
+            raise ValueError(f"all_gather needs world_size={self.world_size} output tensors, got {len(out)}")
+        for j, o in enumerate(out):
+            if o.shape != tensor.shape or o.dtype != tensor.dtype:
+                raise ValueError(
+                    f"all_gather: out[{j}] is {tuple(o.shape)} {o.dtype}, the tensor {tuple(tensor.shape)} {tensor.dtype}"
+                )
+        what = f"all_gather of {tensor.numel()} element(s)"
+        if self.world_size == 1:
+            out[0].copy_(tensor)
+            return Pending(self, what)
+        return self._timed_start(lambda: self._start_all_gather(tensor, out, what))
+
+    def _timed_start(self, start_fn: Callable[[], Pending]) -> Pending:
+        start = self.clock()
+        try:
+            return start_fn()
+        finally:
+            self._busy += self.clock() - start
+
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Overwrite each tensor, on every worker, with worker ``src``'s copy."""
         if not 0 <= src < self.world_size:
@@ -105,6 +241,17 @@ class Communicator(abc.ABC):
 
     @abc.abstractmethod
     def _broadcast(self, tensors: list[torch.Tensor], src: int) -> None: ...
+
+    # The non-blocking collectives: each runtime implements them (world_size > 1 only; the
+    # arguments are checked). A communicator without them refuses the start_* forms.
+    def _start_all_reduce(self, tensors: list[torch.Tensor], op: str, what: str) -> Pending:
+        raise NotImplementedError(f"{type(self).__name__} has no non-blocking all_reduce")
+
+    def _start_all_to_all(self, send: list[torch.Tensor], recv: list[torch.Tensor], what: str) -> Pending:
+        raise NotImplementedError(f"{type(self).__name__} has no all_to_all")
+
+    def _start_all_gather(self, tensor: torch.Tensor, out: list[torch.Tensor], what: str) -> Pending:
+        raise NotImplementedError(f"{type(self).__name__} has no all_gather")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"

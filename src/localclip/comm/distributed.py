@@ -12,6 +12,14 @@ of its own slice and adds them in rank order: ``((x0 + x1) + x2) + ...``), then 
 ``all_gather`` of the sums: the same bytes on the wire as the ring, and the same bits as the
 simulated runtime, which adds in rank order too. Two workers need nothing of the kind
 (``a + b == b + a`` exactly); NCCL keeps its own all-reduce (simulation is CPU-only).
+
+Non-blocking collectives (``start_*``) are issued with ``async_op=True`` and waited for in
+:meth:`~localclip.comm.base.Pending.wait`. The rank-ordered sum has two phases, and the second
+(the all-gather) can only be issued once the first has arrived and been summed: a helper thread
+does that while the caller computes on. Collectives match between processes by the order in
+which they are issued, so before this communicator issues anything else it waits until every
+earlier collective has issued all its phases (:meth:`ProcessGroupCommunicator._settle`): the
+order is the same on every worker whatever the threads' timing.
 """
 
 from __future__ import annotations
@@ -19,12 +27,13 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
 
 from localclip.comm import base
-from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, check_timeout, timeout_error
+from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, Pending, check_timeout, timeout_error
 from localclip.errors import CommunicationError
 
 __all__ = ["ProcessGroupCommunicator", "init", "shutdown", "is_initialized"]
@@ -90,6 +99,8 @@ def _elastic_store(timeout: float) -> dict:
 
 def shutdown() -> None:
     """Uninstall this process's communicator and destroy the default group."""
+    if isinstance(base._process, ProcessGroupCommunicator):
+        base._process._settle()  # no helper thread may issue into a destroyed group
     base.install(None)
     if is_initialized():
         dist.destroy_process_group()
@@ -134,6 +145,7 @@ class ProcessGroupCommunicator(Communicator):
         self.timeout = check_timeout(timeout)
         self._timedelta = datetime.timedelta(seconds=self.timeout)
         self._backend = str(dist.get_backend(group)).lower()
+        self._phasing: list[threading.Thread] = []  # helpers still issuing a collective's later phases
 
     def _wait(self, works, what: str, then=None, tensors=()) -> None:
         for i, work in enumerate(works):
@@ -146,7 +158,14 @@ class ProcessGroupCommunicator(Communicator):
                 # The later tensors are still in flight on gloo's/NCCL's own threads or streams.
                 then(tensors[i])
 
+    def _settle(self) -> None:
+        """Wait until every earlier collective has issued all its phases (see the module docstring).
+        The helpers' own waits are bounded by the timeout; their errors surface in Pending.wait."""
+        while self._phasing:
+            self._phasing.pop(0).join()
+
     def _all_reduce(self, tensors, op, then):
+        self._settle()
         if op == "sum" and self.world_size > 2 and self._backend == "gloo":
             return self._rank_ordered_sum(tensors, then)
         try:
@@ -157,11 +176,98 @@ class ProcessGroupCommunicator(Communicator):
 
     def _rank_ordered_sum(self, tensors, then) -> None:
         """SUM-reduce ``tensors`` in place, adding in rank order (see the module docstring)."""
-        world, what = self.world_size, f"all_reduce(sum) of {len(tensors)} tensor(s)"
-        sends = []
+        s = _RankOrderedSum(self, tensors)
+        s.scatter()
+        s.gather()
+        s.finish(then)
+
+    def _start_all_reduce(self, tensors, op, what):
+        self._settle()
+        if op == "sum" and self.world_size > 2 and self._backend == "gloo":
+            s = _RankOrderedSum(self, tensors)
+            s.scatter()
+            helper = threading.Thread(target=s.gather_in_background, name=f"localclip-gather-{self.rank}", daemon=True)
+            helper.start()
+            self._phasing.append(helper)
+
+            def wait():
+                helper.join()
+                if s.error is not None:
+                    raise s.error
+                s.finish(None)
+
+            return Pending(self, what, wait=wait, poll=lambda: not helper.is_alive() and (s.error is not None or s.gathered_all()))
+        try:
+            works = [dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True) for t in tensors]
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {self.rank}: {what} failed: {exc}") from exc
+        return Pending(self, what, wait=lambda: self._wait(works, what), poll=lambda: all(w.is_completed() for w in works))
+
+    def _start_all_to_all(self, send, recv, what):
+        self._settle()
+        # gloo's list all_to_all wants equal sizes: one all_to_all_single over concatenations.
+        flat_send = torch.cat([t.reshape(-1) for t in send])
+        out_splits = [t.numel() for t in recv]
+        flat_recv = torch.empty(sum(out_splits), dtype=flat_send.dtype, device=flat_send.device)
+        try:
+            work = dist.all_to_all_single(
+                flat_recv, flat_send, output_split_sizes=out_splits, input_split_sizes=[t.numel() for t in send],
+                group=self.group, async_op=True,
+            )
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {self.rank}: {what} failed: {exc}") from exc
+
+        def wait():
+            self._wait([work], what)
+            for t, piece in zip(recv, flat_recv.split(out_splits)):
+                t.copy_(piece.view(t.shape))
+
+        return Pending(self, what, wait=wait, poll=work.is_completed)
+
+    def _start_all_gather(self, tensor, out, what):
+        self._settle()
+        targets = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format) for o in out]
+        try:
+            work = dist.all_gather(targets, tensor.contiguous(), group=self.group, async_op=True)
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {self.rank}: {what} failed: {exc}") from exc
+
+        def wait():
+            self._wait([work], what)
+            for o, t in zip(out, targets):
+                if t is not o:
+                    o.copy_(t)
+
+        return Pending(self, what, wait=wait, poll=work.is_completed)
+
+    def _broadcast(self, tensors, src):
+        self._settle()
+        src_global = dist.get_global_rank(self.group, src) if self.group is not None else src
+        try:
+            works = [dist.broadcast(t, src=src_global, group=self.group, async_op=True) for t in tensors]
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {self.rank}: broadcast failed: {exc}") from exc
+        self._wait(works, f"broadcast from rank {src}")
+
+
+class _RankOrderedSum:
+    """The phases of a rank-ordered SUM over gloo (see the module docstring): :meth:`scatter`
+    issues an all-to-all of slices per tensor; :meth:`gather` waits for each, adds the slices in
+    rank order and issues the all-gather of the sums; :meth:`finish` waits for those and writes
+    each tensor. Blocking and non-blocking all-reduces run the same phases, so their bits agree."""
+
+    def __init__(self, comm: ProcessGroupCommunicator, tensors: list[torch.Tensor]):
+        self.comm, self.tensors = comm, tensors
+        self.what = f"all_reduce(sum) of {len(tensors)} tensor(s)"
+        self.sends: list = []
+        self.gathers: list = []
+        self.error: BaseException | None = None
+
+    def scatter(self) -> None:
+        comm, world = self.comm, self.comm.world_size
         try:
             # Issue every scatter first, so later tensors travel while earlier ones are summed.
-            for t in tensors:
+            for t in self.tensors:
                 n = t.numel()
                 m = -(-n // world)  # slice length; the last slices are padded with zeros
                 if n == m * world and t.is_contiguous():
@@ -170,29 +276,39 @@ class ProcessGroupCommunicator(Communicator):
                     send = t.new_zeros(m * world)
                     send[:n].copy_(t.reshape(-1))
                 recv = torch.empty_like(send)
-                sends.append((t, send, recv, m, dist.all_to_all_single(recv, send, group=self.group, async_op=True)))
-            gathers = []
-            for t, send, recv, m, work in sends:
-                self._wait([work], what)
+                work = dist.all_to_all_single(recv, send, group=comm.group, async_op=True)
+                self.sends.append((t, send, recv, m, work))
+        except RuntimeError as exc:
+            raise CommunicationError(f"rank {comm.rank}: all_reduce failed: {exc}") from exc
+
+    def gather(self) -> None:
+        comm, world = self.comm, self.comm.world_size
+        try:
+            for t, send, recv, m, work in self.sends:
+                comm._wait([work], self.what)
                 pieces = recv.view(world, m)
                 total = pieces[0].clone()
                 for j in range(1, world):
                     total.add_(pieces[j])
                 # send's own contents have been sent: it receives everyone's sums.
-                gathers.append(_all_gather(send, total, group=self.group, async_op=True))
+                self.gathers.append(_all_gather(send, total, group=comm.group, async_op=True))
         except RuntimeError as exc:
-            raise CommunicationError(f"rank {self.rank}: all_reduce failed: {exc}") from exc
-        for (t, send, _, _, _), work in zip(sends, gathers):
-            self._wait([work], what)
+            raise CommunicationError(f"rank {comm.rank}: all_reduce failed: {exc}") from exc
+
+    def gather_in_background(self) -> None:
+        try:
+            with torch.no_grad():
+                self.gather()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by Pending.wait in the caller's thread
+            self.error = exc
+
+    def gathered_all(self) -> bool:
+        return len(self.gathers) == len(self.sends) and all(w.is_completed() for w in self.gathers)
+
+    def finish(self, then) -> None:
+        for (t, send, _, _, _), work in zip(self.sends, self.gathers):
+            self.comm._wait([work], self.what)
             if send.data_ptr() != t.data_ptr():
                 t.copy_(send[: t.numel()].view_as(t))
             if then is not None:
                 then(t)
-
-    def _broadcast(self, tensors, src):
-        src_global = dist.get_global_rank(self.group, src) if self.group is not None else src
-        try:
-            works = [dist.broadcast(t, src=src_global, group=self.group, async_op=True) for t in tensors]
-        except RuntimeError as exc:
-            raise CommunicationError(f"rank {self.rank}: broadcast failed: {exc}") from exc
-        self._wait(works, f"broadcast from rank {src}")

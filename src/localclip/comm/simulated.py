@@ -12,6 +12,12 @@ A collective is a real barrier: each worker deposits its tensors and waits; the 
 arrive reduces them in rank order and releases the others. So
 
 * blocking collectives need no special casing in the algorithms (same code as over gloo);
+* a non-blocking collective (``start_*``) deposits the tensors and returns at once; the worker
+  computes on and waits later (:meth:`~localclip.comm.base.Pending.wait`), and the last worker
+  to arrive writes every worker's results, so a worker never waits for a peer that is itself
+  waiting for it (a worker that polls ``is_completed`` in a loop keeps its compute slot, so
+  with fewer slots than workers it should ``wait``). Sums are in rank order, as
+  :mod:`localclip.comm.distributed` adds them over gloo, so both runtimes give the same bits;
 * a worker that raises, leaves early or calls a different collective releases the others with
   a :class:`~localclip.errors.CommunicationError` naming it, and a worker that does not arrive
   fails the others after the world's ``timeout``, as a dead process would.
@@ -22,7 +28,8 @@ and Python's *global* generators are shared by all threads of a process: user co
 from them inside :meth:`SimulatedWorld.run` gets numbers that depend on thread timing, and
 ``run`` warns when it sees their state changed. Such code gets correct, per-worker streams with
 ``concurrent=False``: the workers then take turns (one holds the baton and runs; it hands the
-baton on when it enters a collective), and the global generators are saved when a worker hands
+baton on when it waits for a collective, to the next worker that is not itself waiting for an
+incomplete one), and the global generators are saved when a worker hands
 the baton on and restored when it gets it back, so each worker draws exactly what a spawned
 process seeded the same way would draw. Turn-taking is slower (one worker computes at a time,
 with all intra-op threads). CUDA generators are never swapped: simulate on the CPU.
@@ -41,7 +48,7 @@ import numpy as np
 import torch
 
 from localclip import rng
-from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, check_timeout, use
+from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, Pending, check_timeout, use
 from localclip.errors import CommunicationError
 
 __all__ = ["SimulatedWorld", "SimulatedCommunicator"]
@@ -49,7 +56,7 @@ __all__ = ["SimulatedWorld", "SimulatedCommunicator"]
 
 @dataclass
 class _Collective:
-    kind: str  # "all_reduce:sum", "all_reduce:max" or "broadcast:<src>"
+    kind: str  # "all_reduce:sum", "all_reduce:max", "broadcast:<src>", "all_to_all" or "all_gather"
     shapes: list
     arrived: dict = field(default_factory=dict)  # rank -> tensors
     done: bool = False
@@ -105,6 +112,7 @@ class SimulatedWorld:
         self._failure: tuple[int, BaseException] | None = None
         self._slots: threading.Semaphore | None = None
         self._running = [False] * self.world_size  # which workers hold a compute slot
+        self._waiting_on: list[_Collective | None] = [None] * self.world_size  # turn-taking
 
     def communicator(self, rank: int) -> "SimulatedCommunicator":
         if not 0 <= rank < self.world_size:
@@ -208,13 +216,21 @@ class SimulatedWorld:
             random.setstate(state[2])
 
     def _pass_on(self, rank: int) -> None:
-        """Save ``rank``'s random streams and hand the baton to the next unfinished worker."""
+        """Save ``rank``'s random streams and hand the baton to the next unfinished worker (in
+        rank order, after ``rank``) that is not waiting for an incomplete collective."""
         self._rng[rank] = (torch.get_rng_state(), np.random.get_state(), random.getstate())
         with self._cond:
-            alive = [r for r in range(self.world_size) if not self._finished[r]]
-            later = [r for r in alive if r > rank]
-            if later or alive:
-                self._turn = (later or alive)[0]
+            order = [(rank + k) % self.world_size for k in range(1, self.world_size + 1)]
+            alive = [r for r in order if not self._finished[r]]
+            runnable = [r for r in alive if self._waiting_on[r] is None or self._waiting_on[r].done]
+            if alive and not runnable and self._failure is None:
+                # Every worker waits for a collective that only a running worker could complete.
+                waits = {r: self._waiting_on[r].kind for r in alive}
+                self._failure = (rank, CommunicationError(
+                    f"simulated workers deadlocked: every worker waits for an incomplete collective {waits}"
+                ))
+            if runnable or alive:
+                self._turn = (runnable or alive)[0]
             self._cond.notify_all()
 
     def _check_failure(self) -> None:
@@ -241,7 +257,14 @@ class SimulatedWorld:
 
     def collective(self, rank: int, kind: str, tensors: list[torch.Tensor], clock: Callable[[], float] = time.perf_counter) -> float:
         """Take part in the next collective; returns the seconds (of ``clock``) spent waiting for the others."""
-        shapes = [(t.shape, t.dtype) for t in tensors]
+        seq, coll = self.arrive(rank, kind, tensors)
+        return self.await_(rank, seq, coll, clock)
+
+    def arrive(self, rank: int, kind: str, tensors: list[torch.Tensor]) -> tuple[int, _Collective]:
+        """Deposit ``tensors`` for ``rank``'s next collective and return at once (the start of a
+        non-blocking collective). The last worker to arrive completes it for everyone."""
+        # An all-to-all's pieces may differ in size between pairs: checked when it completes.
+        shapes = [len(tensors)] if kind == "all_to_all" else [(t.shape, t.dtype) for t in tensors]
         with self._cond:
             self._check_failure()
             seq = self._next_seq[rank]
@@ -265,20 +288,36 @@ class SimulatedWorld:
                 self._cond.notify_all()
                 raise error
             if len(coll.arrived) == self.world_size:
-                # The last to arrive reduces; the others are all waiting for exactly this.
-                self._complete(coll)
+                # The last to arrive reduces; the others wait for exactly this (or compute on).
+                try:
+                    self._complete(coll)
+                except CommunicationError as exc:
+                    if self._failure is None:
+                        self._failure = (rank, exc)
+                    raise
+                finally:
+                    self._cond.notify_all()
                 del self._collectives[seq]
-                self._cond.notify_all()
-                return 0.0
+        return seq, coll
+
+    def await_(self, rank: int, seq: int, coll: _Collective, clock: Callable[[], float] = time.perf_counter) -> float:
+        """Block until collective ``seq`` (which ``rank`` has arrived at) is complete; returns the
+        seconds (of ``clock``) spent waiting. Concurrent: bounded by the timeout from this call.
+        Turn-taking: hands the baton to the next worker that can run."""
+        if coll.done:
+            return 0.0
         start = clock()
         if self.concurrent:
             self._wait_concurrent(rank, seq, coll)
         else:
+            with self._cond:
+                self._waiting_on[rank] = coll
             self._pass_on(rank)
             with self._cond:
                 while not (coll.done and self._turn == rank):
                     self._check_failure()
                     self._cond.wait(1.0)
+                self._waiting_on[rank] = None
             self._acquire(rank)
         return clock() - start
 
@@ -305,6 +344,31 @@ class SimulatedWorld:
     def _complete(coll: _Collective) -> None:
         by_rank = [coll.arrived[r] for r in sorted(coll.arrived)]
         op, _, arg = coll.kind.partition(":")
+        world = len(by_rank)
+        if op == "all_to_all":
+            # by_rank[i] = send_i (world tensors) + recv_i (world tensors): recv_j[i] <- send_i[j].
+            for i in range(world):
+                for j in range(world):
+                    src, dst = by_rank[i][j], by_rank[j][world + i]
+                    if src.numel() != dst.numel() or src.dtype != dst.dtype:
+                        raise CommunicationError(
+                            f"simulated all_to_all mismatch: rank {i} sends {src.numel()} {src.dtype} element(s) to "
+                            f"rank {j}, which expects {dst.numel()} {dst.dtype}"
+                        )
+            pieces = [[by_rank[i][j].clone() for j in range(world)] for i in range(world)]  # send may alias recv
+            for i in range(world):
+                for j in range(world):
+                    by_rank[j][world + i].copy_(pieces[i][j].reshape(by_rank[j][world + i].shape))
+            coll.done = True
+            return
+        if op == "all_gather":
+            # by_rank[i] = [tensor_i] + out_i (world tensors): out_j[i] <- tensor_i.
+            sent = [tensors[0].clone() for tensors in by_rank]
+            for tensors in by_rank:
+                for i in range(world):
+                    tensors[1 + i].copy_(sent[i])
+            coll.done = True
+            return
         for i in range(len(by_rank[0])):
             if op == "broadcast":
                 result = by_rank[int(arg)][i].clone()
@@ -342,3 +406,18 @@ class SimulatedCommunicator(Communicator):
 
     def _broadcast(self, tensors, src):
         self.waited += self.world.collective(self.rank, f"broadcast:{src}", tensors, self.clock)
+
+    # Non-blocking: deposit the tensors now (the last worker to arrive completes the collective,
+    # writing every worker's results), wait for completion in Pending.wait.
+    def _start(self, kind: str, tensors: list[torch.Tensor], what: str):
+        seq, coll = self.world.arrive(self.rank, kind, tensors)
+        return Pending(self, what, wait=lambda: self.world.await_(self.rank, seq, coll, self.clock), poll=lambda: coll.done)
+
+    def _start_all_reduce(self, tensors, op, what):
+        return self._start(f"all_reduce:{op}", tensors, what)
+
+    def _start_all_to_all(self, send, recv, what):
+        return self._start("all_to_all", send + recv, what)
+
+    def _start_all_gather(self, tensor, out, what):
+        return self._start("all_gather", [tensor, *out], what)

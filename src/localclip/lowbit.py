@@ -1,0 +1,269 @@
+"""Low-bit (int8, int4) averaging of a flat float32 tensor, with error feedback.
+
+Owns the block codec (:func:`encode`, :func:`decode`), the error-feedback state
+(:class:`ErrorFeedback`) and the reduction built on them (:func:`lowbit_average`). It knows
+nothing of models or schedules: the averager hands it the flat change since the anchor and gets
+back the average, the same bits on every worker, and the bytes it sent.
+
+Codec. Symmetric absmax scaling per block of :data:`BLOCK_NUMEL` = 256 consecutive elements:
+``scale = max|x| / qmax`` (float32, one per block), ``code = round(x / scale)`` clamped to
+``[-qmax, qmax]`` with ``qmax`` = 127 (int8) or 7 (int4), ``x' = code * scale``. int4 codes are
+stored offset by 8 and packed two per byte (element ``2k`` in the low nibble); an odd length is
+padded with one zero code. 256 keeps the scales at 4/256 bytes per element (int8: 1.016 bytes
+per element, 0.254x float32; int4: 0.516, 0.129x) while one outlier spoils only 255 neighbours.
+Rounding is to nearest (ties to even) by default; with a ``torch.Generator`` it is stochastic
+(``floor(x / scale + u)``, ``u`` uniform in [0, 1) drawn from that generator only), unbiased.
+All of it is elementwise float32 arithmetic, so the same bytes decode to the same bits anywhere.
+
+Special values. A block of zeros has scale 0 and decodes to zeros. A block holding a NaN or an
+Inf is lost as a whole: its scale is NaN and all of its elements decode to NaN (a quantizer has
+no code for Inf, and one non-finite value says nothing about its neighbours). The residual of
+such a block is dropped (set to 0) so that a NaN does not come back in every later round; a
+non-finite input therefore shows as NaN in that block of the average on every worker, for the
+caller's non-finite policy to see.
+
+Reduction. :func:`lowbit_average` is a reduce-scatter followed by an all-gather, in the wire
+format: each worker adds its residual to its input, splits it into ``world_size`` chunks,
+encodes each chunk and sends chunk ``j`` (codes and scales) to worker ``j`` (all-to-all).
+Worker ``j`` decodes the chunks it received and adds them in float32 in rank order, divides by
+the world size, adds its shard residual, re-encodes the averaged shard with the same codec and
+sends it to all (all-gather); every worker decodes the same bytes into the same bits. It never
+sums in 8 or 4 bits: codes from different workers carry different scales, so they are not in
+the same units until decoded; a sum of ``world_size`` codes needs ``log2(world_size)`` more bits
+than a code has; and a ring that re-quantizes partial sums at every hop adds ``world_size - 1``
+rounding errors whose total depends on the ring order, so workers would disagree and error
+feedback could not account for them. Here every element is quantized exactly twice per round,
+once by its sender and once by its shard's owner, and both errors are fed back.
+
+Error feedback. Worker ``i`` sends ``q_i = Q(d_i + e_i)`` and keeps ``e_i <- d_i + e_i - q_i``;
+the owner of a shard sends ``Q(a + f)`` of the average ``a`` and keeps ``f <- a + f - Q(a + f)``.
+Summed over rounds, the decoded averages equal the averages of the true inputs minus the
+current residuals (``mean_i e_i + f``): the running sum tracks the truth within one round's
+quantization error, instead of drifting by a bias each round.
+
+Bytes. What this worker puts on the wire to its peers, scales and padding included: in the
+all-to-all its ``world_size - 1`` chunks for the others, in the all-gather its shard to each of
+the ``world_size - 1`` others (a worker's own chunk never leaves it). Chunks are
+``ceil(numel / world_size)`` elements, so padding is under ``world_size`` elements (one more
+code per chunk for odd int4 chunks). A float32 all-reduce with the same reduce-scatter and
+all-gather pattern (what :mod:`localclip.comm.distributed` does for three or more workers, and
+what a ring moves) sends ``2 * (world_size - 1)`` float32 chunks; with two workers that is
+``numel * 4`` bytes. The encoded bytes assume the workers share one byte order (scales travel
+as raw float32 bytes).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from localclip.comm.base import Communicator
+
+__all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitRound", "decode", "encode", "encoded_nbytes", "lowbit_average"]
+
+BLOCK_NUMEL = 256
+_QMAX = {8: 127, 4: 7}
+
+
+def _check_bits(bits: int) -> int:
+    if isinstance(bits, bool) or bits not in _QMAX:
+        raise ValueError(f"Invalid bits: {bits!r} (expected 8 or 4)")
+    return bits
+
+
+def _check_block(block: int) -> int:
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"Invalid block size: {block!r} (must be an integer >= 1)")
+    return block
+
+
+def _code_bytes(numel: int, bits: int) -> int:
+    return numel if bits == 8 else (numel + 1) // 2
+
+
+def encoded_nbytes(numel: int, bits: int, block: int = BLOCK_NUMEL) -> int:
+    """Bytes of ``numel`` elements encoded: codes plus one float32 scale per block."""
+    return _code_bytes(numel, _check_bits(bits)) + 4 * -(-numel // _check_block(block))
+
+
+class Encoded(NamedTuple):
+    """``numel`` elements encoded: ``codes`` (uint8, :func:`encoded_nbytes` less the scales) and
+    ``scales`` (float32, one per block of ``block`` elements)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    numel: int
+    bits: int
+    block: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + 4 * self.scales.numel()
+
+
+@torch.no_grad()
+def _encode_rows(x: torch.Tensor, bits: int, block: int, generator: torch.Generator | None):
+    """Encode each row of the float32 matrix ``x`` on its own: (codes [rows, code bytes], scales [rows, blocks])."""
+    rows, m = x.shape
+    qmax = _QMAX[bits]
+    nb = -(-m // block)
+    blocks = torch.nn.functional.pad(x, (0, nb * block - m)).view(rows, nb, block)
+    finite = torch.isfinite(blocks).all(dim=2)
+    scales = blocks.abs().amax(dim=2) / qmax
+    scales = torch.where(finite, scales, torch.full_like(scales, float("nan")))
+    divisor = torch.where(finite & (scales > 0), scales, torch.ones_like(scales))
+    y = blocks / divisor.unsqueeze(2)
+    if generator is None:
+        q = torch.round(y)
+    else:
+        q = torch.floor(y + torch.rand(y.shape, generator=generator, dtype=y.dtype, device=y.device))
+    q = torch.where(finite.unsqueeze(2), q.clamp(-qmax, qmax), torch.zeros_like(q))
+    q = q.view(rows, nb * block)[:, :m]
+    if bits == 8:
+        codes = q.to(torch.int8).view(torch.uint8)
+    else:
+        u = (q + 8).to(torch.uint8)
+        if m % 2:
+            u = torch.nn.functional.pad(u, (0, 1), value=8)  # a zero code
+        codes = u[:, 0::2] | (u[:, 1::2] << 4)
+    return codes.contiguous(), scales.contiguous()
+
+
+@torch.no_grad()
+def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int) -> torch.Tensor:
+    """Decode :func:`_encode_rows`' output back to a float32 matrix of rows of ``m`` elements."""
+    rows, nb = scales.shape
+    if bits == 8:
+        q = codes.view(torch.int8).to(torch.float32)
+    else:
+        q = torch.stack([codes & 0xF, codes >> 4], dim=2).view(rows, -1)[:, :m].to(torch.float32) - 8
+    q = torch.nn.functional.pad(q, (0, nb * block - m)).view(rows, nb, block)
+    return (q * scales.unsqueeze(2)).view(rows, nb * block)[:, :m]
+
+
+def _check_flat(x: torch.Tensor, what: str) -> None:
+    if x.dtype != torch.float32 or x.dim() != 1:
+        raise ValueError(f"{what} must be a 1-D float32 tensor, got {tuple(x.shape)} {x.dtype}")
+
+
+def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: torch.Generator | None = None) -> Encoded:
+    """Encode the 1-D float32 tensor ``x`` with ``bits`` = 8 or 4 (see the module docstring)."""
+    _check_flat(x, "encode input")
+    bits, block = _check_bits(bits), _check_block(block)
+    codes, scales = _encode_rows(x.view(1, -1), bits, block, generator)
+    return Encoded(codes[0], scales[0], x.numel(), bits, block)
+
+
+def decode(enc: Encoded) -> torch.Tensor:
+    """The float32 values that ``enc`` stands for."""
+    return _decode_rows(enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block)[0]
+
+
+class ErrorFeedback:
+    """One worker's residuals between low-bit rounds (see the module docstring).
+
+    Attributes:
+        residual: float32, ``numel``: what this worker's encoding of its input left out.
+        shard_residual: float32, one chunk: what its re-encoding of the averaged shard it owns
+            left out; ``None`` until the first round (its size depends on the world size).
+    """
+
+    def __init__(self, numel: int, device: torch.device | str | None = None):
+        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+            raise ValueError(f"Invalid numel: {numel!r} (must be an integer >= 0)")
+        self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
+        self.shard_residual: torch.Tensor | None = None
+
+    def state_dict(self) -> dict:
+        return {
+            "residual": self.residual.clone(),
+            "shard_residual": None if self.shard_residual is None else self.shard_residual.clone(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        residual = state["residual"]
+        if residual.shape != self.residual.shape:
+            raise ValueError(f"Error-feedback residual has {residual.numel()} elements, expected {self.residual.numel()}")
+        self.residual.copy_(residual)
+        shard = state["shard_residual"]
+        self.shard_residual = None if shard is None else shard.to(self.residual.device, torch.float32).clone()
+
+    def __repr__(self) -> str:
+        return f"ErrorFeedback(numel={self.residual.numel()}, |residual|max={self.residual.abs().max().item() if self.residual.numel() else 0.0:g})"
+
+
+class LowbitRound(NamedTuple):
+    """The result of :func:`lowbit_average`: the averaged tensor (the same bits on every worker)
+    and the bytes this worker sent to its peers (codes, scales and padding, both phases)."""
+
+    average: torch.Tensor
+    bytes_sent: int
+
+
+def _drop_nonfinite(residual: torch.Tensor) -> None:
+    residual.masked_fill_(~torch.isfinite(residual), 0.0)
+
+
+@torch.no_grad()
+def lowbit_average(
+    comm: Communicator,
+    delta: torch.Tensor,
+    bits: int,
+    feedback: ErrorFeedback | None = None,
+    *,
+    block: int = BLOCK_NUMEL,
+    generator: torch.Generator | None = None,
+) -> LowbitRound:
+    """Average the 1-D float32 ``delta`` over ``comm``'s workers in ``bits``-bit wire format.
+
+    All workers call it with tensors of the same length, ``bits`` and ``block``. With
+    ``feedback``, its residuals are added to this round's input and replaced by what this
+    round's encodings left out; without it, that is dropped. ``generator`` makes the rounding
+    stochastic (this worker's draws only). ``delta`` is not modified. With one worker nothing is
+    sent: the average is the input (``delta`` plus the residual, which is then zero).
+    """
+    _check_flat(delta, "lowbit_average input")
+    bits, block = _check_bits(bits), _check_block(block)
+    n, world, rank = delta.numel(), comm.world_size, comm.rank
+    if feedback is not None and feedback.residual.shape != delta.shape:
+        raise ValueError(f"Error-feedback residual has {feedback.residual.numel()} elements, the input {n}")
+    u = delta + feedback.residual if feedback is not None else delta.clone()
+    if world == 1 or n == 0:
+        if feedback is not None:
+            feedback.residual.zero_()
+        return LowbitRound(u, 0)
+
+    m = -(-n // world)  # chunk length: chunk j is worker j's shard
+    chunks = torch.nn.functional.pad(u, (0, m * world - n)).view(world, m)
+    codes, scales = _encode_rows(chunks, bits, block, generator)
+    if feedback is not None:
+        sent = _decode_rows(codes, scales, m, bits, block).reshape(-1)[:n]
+        feedback.residual.copy_(u - sent)
+        _drop_nonfinite(feedback.residual)
+    cb, nb = codes.shape[1], scales.shape[1]
+    wire = cb + 4 * nb  # bytes of one encoded chunk
+    payload = torch.cat([codes, scales.view(torch.uint8)], dim=1)  # [world, wire]
+    received = torch.empty_like(payload)
+    comm.all_to_all(list(payload.unbind(0)), list(received.unbind(0)))
+
+    # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
+    parts = _decode_rows(received[:, :cb], received[:, cb:].contiguous().view(torch.float32), m, bits, block)
+    shard = parts[0].clone()
+    for i in range(1, world):
+        shard.add_(parts[i])
+    shard.div_(world)
+    if feedback is not None:
+        if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
+            feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=delta.device)
+        shard.add_(feedback.shard_residual)
+    shard_codes, shard_scales = _encode_rows(shard.view(1, m), bits, block, generator)
+    if feedback is not None:
+        feedback.shard_residual.copy_(shard - _decode_rows(shard_codes, shard_scales, m, bits, block)[0])
+        _drop_nonfinite(feedback.shard_residual)
+    mine = torch.cat([shard_codes[0], shard_scales[0].view(torch.uint8)])
+    gathered = torch.empty(world, wire, dtype=torch.uint8, device=delta.device)
+    comm.all_gather(mine, list(gathered.unbind(0)))
+
+    average = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block)
+    return LowbitRound(average.reshape(-1)[:n].clone(), 2 * (world - 1) * wire)
