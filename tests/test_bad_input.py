@@ -12,7 +12,6 @@ from localclip.cli import main
 
 from test_train import SHARED, SMOKE
 
-pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 
 
 def digest(folder: Path) -> dict:

@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from shared_data import shared_data_root
+from shared_data import REAL_DATA, needs_real_data
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,14 +35,14 @@ EXPECTED = {
 }
 
 
-SHARED = shared_data_root()
-needs_shared = pytest.mark.skipif(SHARED is None, reason="shared corpora (shared/data or $LOCALCLIP_DATA) not present")
+SHARED = REAL_DATA
+needs_shared = needs_real_data
 
 
 @pytest.fixture(scope="module", params=["ptb", "wikitext2"])
 def real_corpus(request):
     if SHARED is None:
-        pytest.skip("shared corpora not present")
+        pytest.skip(needs_real_data.kwargs["reason"])
     return load_corpus(request.param, SHARED)
 
 

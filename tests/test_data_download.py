@@ -10,15 +10,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from shared_data import shared_data_root
+from shared_data import REAL_DATA, needs_real_data, needs_real_ptb
 
 from localclip.data.corpora import CORPORA, file_sha256, load_corpus
 from localclip.data.download import SOURCES, download_corpus
 from localclip.errors import DataError
 
 
-SHARED = shared_data_root()
-pytestmark = pytest.mark.skipif(SHARED is None, reason="shared corpora (shared/data or $LOCALCLIP_DATA) not present")
+SHARED = REAL_DATA
 
 
 def _ptb_mirror(tmp_path: Path, corrupt: str | None = None) -> Path:
@@ -54,6 +53,7 @@ def test_every_known_corpus_has_a_source():
         assert sorted(source.members.values()) == sorted(CORPORA[name].sha256)
 
 
+@needs_real_ptb
 def test_download_ptb_from_a_mirror(tmp_path):
     mirror = _ptb_mirror(tmp_path)
     root = tmp_path / "root"
@@ -68,6 +68,7 @@ def test_download_ptb_from_a_mirror(tmp_path):
     assert load_corpus("ptb", root).train.numel() == 929_589
 
 
+@needs_real_ptb
 def test_download_is_idempotent_and_does_not_touch_the_network(tmp_path, monkeypatch):
     mirror = _ptb_mirror(tmp_path)
     root = tmp_path / "root"
@@ -82,6 +83,7 @@ def test_download_is_idempotent_and_does_not_touch_the_network(tmp_path, monkeyp
     assert "already holds verified" in messages[-1]
 
 
+@needs_real_data
 def test_download_wikitext2_from_a_zip(tmp_path):
     mirror = _wikitext_mirror(tmp_path)
     root = tmp_path / "root"
@@ -92,6 +94,7 @@ def test_download_wikitext2_from_a_zip(tmp_path):
         assert file_sha256(folder / name) == sha
 
 
+@needs_real_ptb
 def test_checksum_mismatch_leaves_nothing_behind(tmp_path):
     mirror = _ptb_mirror(tmp_path, corrupt="valid.txt")
     root = tmp_path / "root"
@@ -106,6 +109,7 @@ def test_checksum_mismatch_leaves_nothing_behind(tmp_path):
         load_corpus("ptb", root)
 
 
+@needs_real_data
 def test_missing_archive_member_is_reported(tmp_path):
     mirror = _wikitext_mirror(tmp_path, drop_member="wikitext-2/wiki.test.tokens")
     root = tmp_path / "root"
@@ -143,6 +147,7 @@ def test_unreachable_file_url_is_a_data_error(tmp_path):
         download_corpus("ptb", tmp_path / "root", progress=None, base_url=(tmp_path / "nowhere").as_uri())
 
 
+@needs_real_ptb
 def test_existing_foreign_file_is_kept_unless_forced(tmp_path):
     mirror = _ptb_mirror(tmp_path)
     folder = tmp_path / "root" / "ptbdataset"
@@ -155,6 +160,7 @@ def test_existing_foreign_file_is_kept_unless_forced(tmp_path):
     assert file_sha256(folder / "train.txt") == CORPORA["ptb"].sha256["train.txt"]
 
 
+@needs_real_ptb
 def test_partial_download_fetches_only_what_is_missing(tmp_path, monkeypatch):
     mirror = _ptb_mirror(tmp_path)
     folder = tmp_path / "root" / "ptbdataset"

@@ -26,10 +26,7 @@ from localclip.data.images import (
     read_idx,
 )
 from localclip.errors import DataError
-
-HAVE_FMNIST = (FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file() or (
-    FASHION_MNIST_ROOT / "train-images-idx3-ubyte"
-).is_file()
+from shared_data import needs_fmnist
 
 
 def _idx_bytes(array: np.ndarray, code: int) -> bytes:
@@ -85,7 +82,7 @@ def test_read_idx_rejects_bad_files(tmp_path):
         read_idx(bad_gz)
 
 
-@pytest.mark.skipif(not HAVE_FMNIST, reason="dataset-fashion-mnist not installed")
+@needs_fmnist
 def test_fashion_mnist_shapes_and_labels():
     s = load_fashion_mnist()
     assert s.train_x.shape == (60_000, 28, 28) and s.train_x.dtype == torch.uint8

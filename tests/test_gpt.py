@@ -12,10 +12,8 @@ from localclip.cli import main
 from localclip.errors import ConfigError
 from localclip.models import GPT, build_model
 from localclip.recipes import get_recipe
-from shared_data import shared_data_root
+from shared_data import SMOKE_DATA
 
-SHARED = shared_data_root() or Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_ptb = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 
 
 def small(**kw):
@@ -112,13 +110,12 @@ TINY = ["--set", "model_options.n_embd=32", "--set", "model_options.n_layer=1", 
         "--set", "bptt=16", "--set", "eval_bptt=16", "--set", "eval_tokens=2000", "--set", "log_interval=4"]
 
 
-@needs_ptb
 @pytest.mark.parametrize("inner", ["clipped_sgd", "adamw"])
 def test_gpt_trains_with_celgc_through_the_cli(tmp_path, inner):
     out = tmp_path / inner
     lr = ["--lr", "3e-3", "--set", "max_grad_norm=1.0"] if inner == "adamw" else []
     code = main(["train", "ptb-gpt-small", "--workers", "2", "--period", "2", "--max-steps", "12", "--inner-optimizer", inner,
-                 "--data-root", str(SHARED), "--no-progress", "--out", str(out), *TINY, *lr])
+                 *SMOKE_DATA, "--no-progress", "--out", str(out), *TINY, *lr])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["comm/rounds"] == 12 // 2
@@ -131,7 +128,6 @@ def test_gpt_trains_with_celgc_through_the_cli(tmp_path, inner):
         assert json.loads((out / "config.json").read_text())["inner_optimizer"] == "adamw"
 
 
-@needs_ptb
 def test_resume_with_adamw_after_a_kill_is_bit_identical(tmp_path):
     """K steps straight == killed after a checkpoint, then --resume to K (GPT, clipped AdamW,
     Adam moments averaged at rounds)."""
@@ -142,7 +138,7 @@ def test_resume_with_adamw_after_a_kill_is_bit_identical(tmp_path):
 
     args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--inner-optimizer", "adamw", "--lr", "3e-3",
             "--set", "max_grad_norm=0.5", "--set", "optimizer_state=average", "--set", "checkpoint_interval=4",
-            "--set", "model_options.dropout=0.2", "--data-root", str(SHARED), "--no-progress", *TINY]
+            "--set", "model_options.dropout=0.2", *SMOKE_DATA, "--no-progress", *TINY]
     assert main(["train", "ptb-gpt-small", *args, "--out", str(tmp_path / "straight")]) == 0
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "localclip.cli", "train", "ptb-gpt-small", *args, "--out", str(out)],

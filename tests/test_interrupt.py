@@ -22,7 +22,6 @@ from localclip.errors import Interrupted
 from test_resume import assert_same_run
 from test_train import SHARED, SMOKE
 
-pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 
 PERIOD = 3
 ARGS = ["--workers", "2", "--period", str(PERIOD), "--max-steps", "60", "--set", "checkpoint_interval=50", "--set", "threads=1"]

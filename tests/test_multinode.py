@@ -17,7 +17,6 @@ from test_train import SHARED, SMOKE
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 pytestmark = [
-    pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found"),
     pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to this Python"),
 ]
 

@@ -9,11 +9,9 @@ import pytest
 
 from localclip.cli import main
 from localclip.train import trainer as trainer_module
-from shared_data import shared_data_root
+from shared_data import SMOKE_DATA
 
-SHARED = shared_data_root() or Path(__file__).resolve().parents[2] / "shared" / "data"
-pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
-SMOKE = ["--data-root", str(SHARED), "--set", "eval_tokens=2000", "--set", "log_interval=3", "--workers", "2", "--period", "2"]
+SMOKE = [*SMOKE_DATA, "--set", "eval_tokens=2000", "--set", "log_interval=3", "--workers", "2", "--period", "2"]
 
 
 class RecordingBar:

@@ -14,7 +14,6 @@ from localclip.cli import main
 
 from test_train import SHARED, SMOKE
 
-pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 
 
 def worker_pids(parent: int) -> list[int]:

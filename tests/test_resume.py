@@ -10,7 +10,6 @@ from localclip.cli import main
 
 from test_train import SHARED, SMOKE
 
-pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 
 ARGS = ["--workers", "2", "--period", "3", "--set", "checkpoint_interval=5"]
 

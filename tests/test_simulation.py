@@ -14,11 +14,7 @@ from localclip.cli import main
 from localclip.comm import SimulatedWorld, current
 from localclip.errors import CommunicationError
 from localclip.models import LSTMLM
-from shared_data import shared_data_root
-
-SHARED = shared_data_root()
-HAVE_PTB = SHARED is not None and (SHARED / "ptbdataset" / "train.txt").exists()
-HAVE_FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").exists()
+from shared_data import SMOKE_DATA, needs_fmnist
 
 
 def _sleep_then_barrier(arrived):
@@ -159,13 +155,12 @@ def _compare(tmp_path, recipe, workers, extra):
     assert sim[1] == spawned[1]  # the final model's state hash
 
 
-@pytest.mark.skipif(not HAVE_PTB, reason="PTB corpus not found")
 @pytest.mark.parametrize("workers", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_simulate_equals_spawn_on_ptb_small_with_dropout(tmp_path, workers):
-    _compare(tmp_path, "ptb-small", workers, ["--data-root", str(SHARED), *LM])
+    _compare(tmp_path, "ptb-small", workers, [*SMOKE_DATA, *LM])
 
 
-@pytest.mark.skipif(not HAVE_FMNIST, reason="dataset-fashion-mnist not installed")
+@needs_fmnist
 @pytest.mark.parametrize("workers", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_simulate_equals_spawn_on_fmnist_resnet_with_batchnorm(tmp_path, workers):
     _compare(tmp_path, "fmnist-resnet", workers, IMAGE)

@@ -15,7 +15,8 @@ from localclip.cli import main
 from localclip.experiments import runner
 from localclip.recipes import converge_schedule, get_recipe
 
-from test_sweeps import SHARED, SMALL, needs_ptb
+from shared_data import CUSTOM_OVERRIDES, SHARED
+from test_sweeps import SMALL
 
 TIMES = ("time/compute", "time/comm", "time/seconds")
 
@@ -28,7 +29,6 @@ def numbers(folder):
     return [strip(r) for r in records], strip(summary)
 
 
-@needs_ptb
 def test_jobs_1_and_2_give_identical_metrics(tmp_path):
     runs = ["celgc-I4", "naive"]
     # Dropout on, so that the workers' random streams matter too.
@@ -49,7 +49,6 @@ def test_jobs_1_and_2_give_identical_metrics(tmp_path):
     assert experiments.run_sweep("isweep", tmp_path / "j2", jobs=2, echo=lambda _: None, **kwargs) == {run: "skipped" for run in runs}
 
 
-@needs_ptb
 def test_a_failing_child_run_is_reported_and_the_others_finish(tmp_path):
     # A corpus folder that does not exist: every config is valid, and each run fails in its child.
     kwargs = dict(data_root=str(tmp_path / "no-corpora"), only=["celgc-I4", "naive"], max_steps=2, overrides=SMALL)
@@ -131,11 +130,10 @@ def test_issue_14_sweeps_compare_like_with_like():
 
 
 @pytest.mark.slow  # eight ptb-converge workers per run: about 40 s on a loaded 2-core machine
-@needs_ptb
 def test_converge_sweep_smoke_and_report(tmp_path):
     """Two converge runs for a few steps, then the converge report from their files."""
     kwargs = dict(data_root=str(SHARED), only=["naive", "celgc-I8"], max_steps=8, epochs=0.02,
-                  overrides=["eval_tokens=2000", "log_interval=4", "eval_interval=0", "checkpoint_interval=8"])
+                  overrides=["eval_tokens=2000", "log_interval=4", "eval_interval=0", "checkpoint_interval=8", *CUSTOM_OVERRIDES])
     assert experiments.run_sweep("converge", tmp_path, jobs=2, echo=lambda _: None, **kwargs) == {"naive": "started", "celgc-I8": "started"}
     result = experiments.report("converge", tmp_path)
     rows = {r["run"]: r for r in result["rows"]}
@@ -359,7 +357,6 @@ def _wait_gone(tmp, timeout=90):
         time.sleep(0.5)
 
 
-@needs_ptb
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL"])
 def test_a_stopped_sweep_leaves_no_run_behind_and_resumes(tmp_path, signum):
     """SIGTERM to the sweep stops its children (checkpoint, marked interrupted); SIGKILL, which

@@ -17,14 +17,11 @@ from localclip.errors import ConfigError, LocalclipError
 from localclip.recipes import get_recipe
 from localclip.train.run_folder import RunFolder
 
-from test_train import SHARED
-
-needs_ptb = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+from shared_data import CUSTOM_OVERRIDES, SHARED, needs_fmnist
 
 # Two workers, a few steps, a 2,000-token evaluation: seconds per run on a 2-core machine. One
 # intra-op thread: on a machine shared with other runs, two threads per op cost more than they gain.
-SMALL = ["workers=2", "eval_tokens=2000", "log_interval=2", "eval_interval=0", "checkpoint_interval=4", "threads=1"]
+SMALL = ["workers=2", "eval_tokens=2000", "log_interval=2", "eval_interval=0", "checkpoint_interval=4", "threads=1", *CUSTOM_OVERRIDES]
 PAIR = ["celgc-I4", "naive"]
 
 
@@ -83,7 +80,6 @@ def test_unknown_sweep_or_run_names_them(tmp_path, capsys):
     assert len(lines) == 9 and lines[0].startswith("celgc-I2") and lines[-1].startswith("single")
 
 
-@needs_ptb
 def test_sweep_writes_its_runs_and_status(swept):
     root, outcomes = swept
     assert outcomes == {"celgc-I4": "started", "naive": "started"}
@@ -99,7 +95,6 @@ def test_sweep_writes_its_runs_and_status(swept):
     assert status["failed"] == [] and not list((root / "isweep").glob(".*tmp"))
 
 
-@needs_ptb
 def test_rerun_skips_finished_runs_and_changes_none_of_their_files(swept):
     root, _ = swept
     before = {run: digest(root / "isweep" / run) for run in PAIR}
@@ -110,7 +105,6 @@ def test_rerun_skips_finished_runs_and_changes_none_of_their_files(swept):
     assert {run: digest(root / "isweep" / run) for run in PAIR} == before
 
 
-@needs_ptb
 def test_a_run_that_died_after_a_checkpoint_is_resumed_not_restarted(tmp_path, monkeypatch):
     """A run dies right after its step-4 checkpoint (as a kill would leave it; kill-and-resume
     bit-identity is test_train's); the sweep reports it, and running the sweep again resumes it."""
@@ -161,7 +155,6 @@ def test_a_failing_run_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
     assert "RuntimeError: a bug" in {r["name"]: r for r in status["runs"]}["naive"]["error"]
 
 
-@needs_ptb
 def test_report_holds_finished_runs_only(swept, tmp_path, capsys):
     root = tmp_path / "copy"
     shutil.copytree(swept[0], root)
@@ -217,8 +210,7 @@ def test_speedup_report_counts_steps_to_the_worst_final_value(tmp_path):
     assert "| celgc-N2-I8 |" in Path(result["markdown"]).read_text()
 
 
-@pytest.mark.skipif(not (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists() and not (FASHION_MNIST / "train-images-idx3-ubyte").exists(),
-                    reason="Fashion-MNIST not installed")
+@needs_fmnist
 def test_image_workload_trains_and_reports_accuracy(tmp_path, monkeypatch):
     from localclip import data
     from localclip.train import run_training

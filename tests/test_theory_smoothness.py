@@ -10,7 +10,7 @@ from localclip.cli import main
 from localclip.errors import ConfigError, RunFolderError
 from localclip.experiments import smoothness, synthetic
 
-from test_sweeps import SHARED, needs_ptb
+from shared_data import SMOKE_DATA
 
 
 def test_celgc_speeds_up_linearly_on_the_synthetic_problem():
@@ -73,14 +73,13 @@ def test_smoothness_probe_refuses_what_it_cannot_probe(tmp_path):
     assert main(["smoothness", str(tmp_path)]) == 2
 
 
-@needs_ptb
 def test_smoothness_probe_on_a_short_run(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "ptb-small", "--workers", "2", "--max-steps", "4", "--out", str(out), "--data-root", str(SHARED),
+    code = main(["train", "ptb-small", "--workers", "2", "--max-steps", "4", "--out", str(out), *SMOKE_DATA,
                  "--no-progress", "--set", "eval_tokens=2000", "--set", "checkpoint_interval=2", "--set", "threads=1"])
     assert code == 0
     capsys.readouterr()
-    assert main(["smoothness", str(out), "--steps", "2", "--data-root", str(SHARED)]) == 0
+    assert main(["smoothness", str(out), "--steps", "2"]) == 0
     assert "fit L(x)" in capsys.readouterr().out
     result = json.loads((out / "smoothness.json").read_text())
     assert result["sources"][0] == "start" and len(result["sources"]) >= 2

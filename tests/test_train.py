@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 
 from localclip.cli import main
-from shared_data import shared_data_root
+from shared_data import SHARED, SMOKE_DATA
 
-SHARED = shared_data_root() or Path(__file__).resolve().parents[2] / "shared" / "data"
-pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
-
-SMOKE = ["--data-root", str(SHARED), "--no-progress", "--set", "eval_tokens=2000", "--set", "log_interval=3"]
+SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=2000", "--set", "log_interval=3"]
 REQUIRED_TRAIN_KEYS = {"step", "epoch", "train/loss", "clip/fraction", "comm/rounds", "comm/bytes", "time/compute", "time/comm", "lr", "gamma"}
 REQUIRED_SUMMARY_KEYS = {"val/ppl", "test/ppl", "comm/rounds", "comm/bytes", "time/seconds", "steps"}
 

@@ -1,13 +1,15 @@
-"""The ``localclip`` command: ``train``, ``recipes``, ``data download`` (and ``plot``).
+"""The ``localclip`` command: ``train``, ``recipes``, ``data download``, ``plot``, ``sweep``,
+``report``, ``theory`` and ``smoothness``.
 
 Flags map onto :class:`~localclip.train.config.TrainConfig` fields; every user error is one line
-on stderr naming the problem, and exit status 2.
+on stderr naming the problem, and exit status 2 (the other statuses: :data:`EXIT_STATUSES`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import os
 import sys
@@ -15,7 +17,18 @@ from pathlib import Path
 
 from localclip.errors import Interrupted, LocalclipError
 
-__all__ = ["main"]
+__all__ = ["EXIT_DIVERGED", "EXIT_STATUSES", "main"]
+
+#: ``localclip train``'s exit status for a run that ended with a diverged model.
+EXIT_DIVERGED = 3
+
+EXIT_STATUSES = f"""exit status:
+  0    the run finished
+  2    bad input (a flag, the data, the run folder): one line on stderr says what
+  {EXIT_DIVERGED}    the run finished with a diverged model (loss NaN/Inf or an overflowing perplexity);
+       its final line names the step whose validation found it, summary.json has diverged_at_step
+  75   stopped by SIGTERM/SIGINT after a checkpoint: run the same command with --resume
+  128+N  a second signal N: stopped at once, the last complete checkpoint kept"""
 
 
 def _positive_int(flag):
@@ -45,35 +58,50 @@ def _positive_float(flag, allow_inf=False):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from localclip import __version__
+    from localclip.experiments.plans import SWEEPS
+
     parser = argparse.ArgumentParser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
+    parser.add_argument("--version", action="version", version=f"localclip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train a recipe", description="Train a recipe; flags override the recipe's settings.")
+    recipe_default = "(default: the recipe's; `localclip recipes --fields RECIPE` lists them)"
+    train = sub.add_parser("train", help="train a recipe", description="Train a recipe; flags override the recipe's settings.",
+                           epilog=EXIT_STATUSES, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("recipe", help="a recipe name (see `localclip recipes`)")
-    train.add_argument("--workers", type=_positive_int("--workers"), help="number of workers N")
+    train.add_argument("--workers", type=_positive_int("--workers"), help=f"number of workers N {recipe_default}")
     train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group")
-    train.add_argument("--algorithm", choices=["celgc", "naive", "local-sgd", "single", "episode"])
-    train.add_argument("--period", type=_positive_int("--period"), help="communication period I")
-    train.add_argument("--epochs", type=_positive_float("--epochs"))
-    train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker")
-    train.add_argument("--lr", type=_positive_float("--lr"), help="step size η")
-    train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help="clipping parameter γ (inf: no clipping)")
-    train.add_argument("--inner-optimizer", choices=["clipped_sgd", "adamw"], help="the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW)")
-    train.add_argument("--seed", type=int)
-    train.add_argument("--outer-optimizer", help="none | sgd | nesterov: an outer step on the average at each round (DiLoCo)")
+    train.add_argument("--algorithm", choices=["celgc", "naive", "local-sgd", "single", "episode"],
+                       help="celgc: clipped local steps, models averaged every --period; naive: gradients averaged every step, then clipped; "
+                            f"local-sgd: celgc without clipping; single: one worker; episode: EPISODE's corrected local steps {recipe_default}")
+    train.add_argument("--period", type=_positive_int("--period"), help=f"communication period I {recipe_default}")
+    train.add_argument("--epochs", type=_positive_float("--epochs"), help=f"passes over the training data {recipe_default}")
+    train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker (default: no limit but --epochs)")
+    train.add_argument("--lr", type=_positive_float("--lr"), help=f"step size η {recipe_default}")
+    train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help=f"clipping parameter γ, inf: no clipping {recipe_default}")
+    train.add_argument("--inner-optimizer", choices=["clipped_sgd", "adamw"],
+                       help=f"the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW) {recipe_default}")
+    train.add_argument("--seed", type=int, help=f"the run's seed: initial weights, data order, dropout {recipe_default}")
+    train.add_argument("--outer-optimizer", help="none | sgd | nesterov: an outer step on the average at each round, DiLoCo (default: none)")
     train.add_argument("--outer-lr", type=float, help="outer step size (default 0.7)")
     train.add_argument("--outer-momentum", type=float, help="outer momentum in [0, 1) (default 0.9)")
-    train.add_argument("--compression", help="none | bf16 | fp16: send each round's change since the last round in 2 bytes")
-    train.add_argument("--data-root", help="folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
-    train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones")
+    train.add_argument("--compression", help="none | bf16 | fp16: send each round's change since the last round in 2 bytes (default: none)")
+    train.add_argument("--data-root", help="an existing folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data, "
+                                           "where a missing PTB or WikiText-2 is downloaded on first use)")
+    train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones (default: refuse them)")
     train.add_argument("--out", help="run folder (default: runs/RECIPE-ALGORITHM-nN-iI-sSEED)")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field (repeatable)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--logger", dest="loggers", action="append", choices=["tensorboard", "wandb"], help="also log to wandb (offline, into RUN/wandb) next to TensorBoard (repeatable)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its latest checkpoint; when --out holds no run yet, a fresh run starts there "
+                            "and says so (default: off; a folder that holds a run is then refused)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field, repeatable (default: none)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on stderr)")
+    train.add_argument("--logger", dest="loggers", action="append", choices=["tensorboard", "wandb"],
+                       help="also log to wandb (offline, into RUN/wandb; pip install 'localclip[wandb]') or tensorboard (RUN/tensorboard; "
+                            "pip install 'localclip[tensorboard]'), repeatable (default: tensorboard when it is installed)")
 
     recipes = sub.add_parser("recipes", help="list the recipes, one line each")
-    recipes.add_argument("--fields", action="store_true", help="also list the config fields --set accepts")
+    recipes.add_argument("names", nargs="*", metavar="RECIPE", help="with --fields: only these recipes (default: all)")
+    recipes.add_argument("--fields", action="store_true", help="also list the config fields --set accepts, with each recipe's own values")
 
     data = sub.add_parser("data", help="manage corpora")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -86,12 +114,13 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("runs", nargs="+", help="run folders")
     plot.add_argument("--out", required=True, help="output image (PNG)")
     plot.add_argument("--bandwidth", type=_positive_float("--bandwidth"), default=1e9, help="modelled link bandwidth in bit/s (default 1e9)")
-    plot.add_argument("--latency", type=float, default=50e-6, help="modelled per-round latency in seconds (default 50e-6)")
+    plot.add_argument("--latency", type=float, default=50e-6, help="modelled per-round latency in seconds (default 5e-05)")
 
     # -- sweep and report (localclip.experiments) --
     sweep_cmd = sub.add_parser("sweep", help="run a named sweep (finished runs are skipped, started ones resumed)",
-                               description="Run a named sweep's runs one after another into ROOT/NAME/RUN. Run it again to continue an interrupted sweep.")
-    sweep_cmd.add_argument("name", help="a sweep: isweep, speedup, scenarios, image, converge, converge-tune, converge-lsgd")
+                               description="Run a named sweep's runs into ROOT/NAME/RUN, up to --jobs at once. Run it again to continue an "
+                                           "interrupted sweep; a run that diverged is a finished result.")
+    sweep_cmd.add_argument("name", metavar="NAME", help=f"a sweep: {', '.join(SWEEPS)}")
     sweep_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
     sweep_cmd.add_argument("--epochs", type=_positive_float("--epochs"), help="epochs per run (default: the sweep's own, sized for about an hour of a 2-core CPU)")
     sweep_cmd.add_argument("--runtime", choices=["simulate", "spawn"], default="simulate", help="simulate (default) or spawn, as for `localclip train`")
@@ -104,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep_cmd.add_argument("--jobs", type=_positive_int("--jobs"), help="runs at once, each in its own process on its share of the cores "
                            "(default: one per core, which is fastest because every sweep run pins one thread per worker; results do not depend on it)")
     report_cmd = sub.add_parser("report", help="summarise a sweep's finished runs into summary.csv, summary.md and figure.png")
-    report_cmd.add_argument("name", help="a sweep name")
+    report_cmd.add_argument("name", metavar="NAME", help=f"a sweep: {', '.join(SWEEPS)}")
     report_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
     report_cmd.add_argument("--loss-target", type=_positive_float("--loss-target"), help="speedup: training-loss target (default: the worst final one)")
     report_cmd.add_argument("--ppl-target", type=_positive_float("--ppl-target"), help="speedup: validation-perplexity target (default: the worst final one)")
@@ -146,11 +175,44 @@ def _train(args) -> int:
     if resolved.task == "lm" and args.runtime != "torchrun":
         _ensure_corpus(resolved)
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if args.resume and not (Path(out) / "config.json").exists() and rank0:
+        print(f"localclip: --resume: {out} holds no run yet; starting a fresh run there", file=sys.stderr)
+    if "tensorboard" in (args.loggers or []) and importlib.util.find_spec("tensorboard") is None and rank0:
+        print("localclip: note: tensorboard is not installed, so no RUN/tensorboard events "
+              "(pip install 'localclip[tensorboard]'); metrics.jsonl holds every record", file=sys.stderr)
     summary = run_training(config, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
-    if summary is not None:
-        keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
-        print(f"finished {out}: " + "  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))
+    if summary is None:
+        return 0
+    keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
+    metrics = "  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys)
+    diverged = _diverged_at(summary, out)
+    if diverged is not None:
+        print(f"diverged {out}: the validation at step {diverged} found the model diverged; {metrics}")
+        return EXIT_DIVERGED
+    print(f"finished {out}: {metrics}")
     return 0
+
+
+def _diverged_at(summary: dict, out: str) -> int | None:
+    """The step whose validation found the run diverged: the summary's ``diverged_at_step``, or,
+    for a run that trained on (``stop_on_divergence=false``) and ended diverged, the first
+    validation record with a non-finite loss or perplexity."""
+    if summary.get("diverged_at_step") is not None:
+        return summary["diverged_at_step"]
+    if all(math.isfinite(v) for k, v in summary.items() if k.startswith(("val/", "test/")) and isinstance(v, float)):
+        return None
+    from localclip import jsonio
+
+    try:
+        lines = (Path(out) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return summary.get("steps")
+    for line in lines:
+        record = jsonio.loads(line)
+        if any(isinstance(v, float) and not math.isfinite(v) for k, v in record.items() if k.startswith("val/")):
+            return record.get("step")
+    return summary.get("steps")
 
 
 def _ensure_corpus(config) -> None:
@@ -164,6 +226,12 @@ def _ensure_corpus(config) -> None:
     if all((folder / f).is_file() for f in ("train.txt", "valid.txt", "test.txt")):
         return
     root = data.resolve_data_root(config.data_root)
+    if config.data_root and not root.is_dir():
+        # A typo must not become a new folder with a download in it: downloading is asked for.
+        raise DataError(
+            f"--data-root {root} does not exist. Point it at the folder that holds {folder.name}/, or download "
+            f"{config.dataset} there with `localclip data download {config.dataset} --data-root {root}`."
+        )
     print(f"localclip: {config.dataset} is not in {folder}; downloading it there (SHA-256 verified)...", file=sys.stderr)
     try:
         data.download_corpus(config.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
@@ -176,15 +244,25 @@ def _ensure_corpus(config) -> None:
 
 
 def _recipes(args) -> int:
-    from localclip.recipes import describe
+    from localclip.recipes import RECIPES, describe, get_recipe
     from localclip.train import TrainConfig
 
-    for line in describe():
-        print(line)
-    if args.fields:
-        print("\nconfig fields (--set KEY=VALUE):")
-        for f in dataclasses.fields(TrainConfig):
-            print(f"  {f.name} = {getattr(TrainConfig(), f.name)!r}")
+    names = args.names or sorted(RECIPES)
+    configs = {name: get_recipe(name) for name in names}  # an unknown name is one line, exit 2
+    if not args.fields:
+        for line in describe():
+            if not args.names or line.split()[0] in names:
+                print(line)
+        return 0
+    print("config fields (--set KEY=VALUE), each recipe's own value:")
+    for f in dataclasses.fields(TrainConfig):
+        by_value: dict[str, list[str]] = {}
+        for name, config in configs.items():
+            by_value.setdefault(repr(getattr(config, f.name)), []).append(name)
+        if len(by_value) == 1:
+            print(f"  {f.name} = {next(iter(by_value))}")
+        else:
+            print(f"  {f.name}: " + "; ".join(f"{value} ({', '.join(who)})" for value, who in by_value.items()))
     return 0
 
 

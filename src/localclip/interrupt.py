@@ -45,7 +45,8 @@ def reset() -> None:
 
 def _say(text: str) -> None:
     if _state["announce"]:
-        print(f"localclip: {text}", file=sys.stderr, flush=True)
+        # On a line of its own: a progress bar may hold the current one.
+        print(f"\nlocalclip: {text}", file=sys.stderr, flush=True)
 
 
 def _signal_children(signum: int) -> None:

@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from localclip import jsonio
 from localclip.errors import DataError, LocalclipError
 
 __all__ = ["load_run", "modelled_seconds", "plot_runs"]
@@ -29,11 +30,11 @@ def load_run(folder: str | Path) -> dict:
     if not config_path.is_file() or not metrics_path.is_file():
         raise PlotError(f"{folder} is not a localclip run folder (no config.json and metrics.jsonl)")
     try:
-        config = json.loads(config_path.read_text())
+        config = jsonio.loads(config_path.read_text())
         records = []
         for line in metrics_path.read_text().splitlines():
             try:
-                records.append(json.loads(line))
+                records.append(jsonio.loads(line))
             except json.JSONDecodeError:
                 continue  # the last line of a run cut short may be partial
     except (OSError, json.JSONDecodeError) as exc:

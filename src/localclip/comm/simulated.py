@@ -49,7 +49,7 @@ import torch
 
 from localclip import rng
 from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, Pending, check_timeout, use
-from localclip.errors import CommunicationError
+from localclip.errors import CommunicationError, Interrupted
 
 __all__ = ["SimulatedWorld", "SimulatedCommunicator"]
 
@@ -172,7 +172,8 @@ class SimulatedWorld:
             torch.set_num_threads(caller_threads)
         if self._failure is not None:
             rank, exc = self._failure
-            if rank >= 0 and len(exc.args) <= 1 and not str(exc).startswith(f"rank {rank}"):
+            # Every worker stops at the same step on a stop request: its message needs no rank.
+            if rank >= 0 and len(exc.args) <= 1 and not str(exc).startswith(f"rank {rank}") and not isinstance(exc, Interrupted):
                 exc.args = (f"rank {rank}: {exc}",)
             raise exc
         if before is not None and rng.global_state() != before:

@@ -140,9 +140,12 @@ def download_corpus(
         say(f"{spec.name}: {folder} already holds verified {', '.join(wanted)}")
         return folder
 
+    # The folders this call creates, outermost first: a failed download removes them again.
+    created = [p for p in (*reversed(folder.parents), folder) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        _remove_empty(created)
         raise DataError(f"Cannot create {folder}: {e.strerror or e}. Choose a writable --data-root.") from None
 
     base = (base_url if base_url is not None else source.base_url).rstrip("/")
@@ -200,11 +203,27 @@ def download_corpus(
             os.replace(tmp, folder / local)
             scratch.remove(tmp)
             say(f"{spec.name}: {folder / local} verified")
-    finally:
-        for tmp in scratch:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+    except BaseException:
+        _unlink(scratch)
+        _remove_empty(created)
+        raise
+    _unlink(scratch)  # the archive
     return folder
+
+
+def _unlink(paths: list[Path]) -> None:
+    for tmp in paths:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (outermost first), innermost first, where they are empty."""
+    for path in reversed(folders):
+        try:
+            path.rmdir()
+        except OSError:
+            pass  # not empty (or never made): it holds something that is not ours to remove
 

@@ -132,6 +132,14 @@ def _find_idx(root: Path, stem: str) -> Path:
     )
 
 
+def check_fashion_mnist(root: str | os.PathLike[str] | None = None) -> None:
+    """Raise :class:`DataError` naming the first Fashion-MNIST file missing under ``root``."""
+    root = Path(root).expanduser() if root is not None else FASHION_MNIST_ROOT
+    for prefix in ("train", "t10k"):
+        _find_idx(root, f"{prefix}-images-idx3-ubyte")
+        _find_idx(root, f"{prefix}-labels-idx1-ubyte")
+
+
 def load_fashion_mnist(root: str | os.PathLike[str] | None = None) -> ImageSplits:
     """Fashion-MNIST: 60,000 train and 10,000 test images, uint8 ``[n, 28, 28]``, labels 0..9."""
     root = Path(root).expanduser() if root is not None else FASHION_MNIST_ROOT

@@ -25,6 +25,7 @@ import os
 import statistics
 from pathlib import Path
 
+from localclip import jsonio
 from localclip.errors import LocalclipError
 from localclip.experiments import mechanism
 from localclip.experiments.plans import SWEEPS, SweepError, plan
@@ -51,7 +52,7 @@ def _records(folder: Path) -> list[dict]:
         return out
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            out.append(json.loads(line))
+            out.append(jsonio.loads(line))
         except json.JSONDecodeError:
             continue
     return out
@@ -83,8 +84,8 @@ def _modelled(record: dict, train: list[dict]) -> float:
 
 
 def _load_finished(folder: Path) -> dict:
-    summary = json.loads((folder / "summary.json").read_text())
-    config = json.loads((folder / "config.json").read_text())
+    summary = jsonio.loads((folder / "summary.json").read_text())
+    config = jsonio.loads((folder / "config.json").read_text())
     records = _records(folder)
     train = [r for r in records if "train/loss" in r]
     return {"summary": summary, "config": config, "train": train, "val": [r for r in records if any(k.startswith("val/") for k in r)]}

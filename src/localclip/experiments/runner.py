@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from localclip import jsonio
 from localclip.errors import Interrupted, LocalclipError
 from localclip.experiments.plans import Plan, SweepError, SweepFailed, plan, select
 from localclip.train import run_training
@@ -102,7 +103,7 @@ def _write_status(path: Path, name: str, runs: Plan, selected: list[str], status
         entry.update(status.get(run_name, {}))
         entries.append(entry)
     doc = {"sweep": name, **meta, "runs": entries, "failed": [e["name"] for e in entries if e["status"] == "failed"]}
-    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(path, jsonio.dumps(doc, indent=2) + "\n")
 
 
 # -- the sweep -------------------------------------------------------------------------------------
@@ -271,7 +272,7 @@ class _Sweep:
             self.interrupted([run_name])
             return
         try:
-            result = json.loads(result_path.read_text())
+            result = jsonio.loads(result_path.read_text())
         except (OSError, json.JSONDecodeError):
             tail = _tail(spec / "log.txt")
             self.failed(tag, run_name, f"the run's process exited with code {returncode} without a result" + (f"; its last output: {tail}" if tail else ""), None)
@@ -319,7 +320,7 @@ def _start_child(spec: Path, cfg: TrainConfig, out: Path, runtime: str, resume: 
     spec.mkdir(parents=True)
     job = {"config": cfg.to_dict(), "out": str(out), "runtime": runtime, "resume": resume, "cores": cores,
            "result": str(spec / "result.json"), "parent": os.getpid()}
-    (spec / "job.json").write_text(json.dumps(job))
+    (spec / "job.json").write_text(jsonio.dumps(job))
     log = open(spec / "log.txt", "wb")
     # A new session: a Ctrl-C in the terminal reaches the sweep alone, which then stops each
     # child itself (and marks it interrupted) instead of racing them.
@@ -338,7 +339,7 @@ def _tail(path: Path, chars: int = 600) -> str:
 
 def _child(job_path: str) -> int:
     """One run of a sweep in this (child) process, as :meth:`_Sweep.run_here` would run it."""
-    job = json.loads(Path(job_path).read_text())
+    job = jsonio.loads(Path(job_path).read_text())
     if job.get("parent"):
         _stop_with_parent(job["parent"])
     if job.get("cores") and hasattr(os, "sched_setaffinity"):
@@ -360,7 +361,7 @@ def _child(job_path: str) -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the sweep with its traceback
         error = str(exc) if isinstance(exc, LocalclipError) else f"{type(exc).__name__}: {exc}"
         result = {"status": "failed", "error": error, "traceback": None if isinstance(exc, LocalclipError) else traceback.format_exc()}
-    atomic_write_text(Path(job["result"]), json.dumps(result))
+    atomic_write_text(Path(job["result"]), jsonio.dumps(result))
     return 0
 
 
@@ -369,7 +370,7 @@ def _child(job_path: str) -> int:
 
 def _epochs_note(run: RunFolder, cfg: TrainConfig) -> str:
     try:
-        done = json.loads(run.config_path.read_text()).get("epochs")
+        done = jsonio.loads(run.config_path.read_text()).get("epochs")
     except (OSError, json.JSONDecodeError):
         return ""
     if done != cfg.epochs:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from localclip import jsonio
 from localclip.errors import ConfigError, RunFolderError
 from localclip.train.run_folder import RunFolder, atomic_write_text
 
@@ -196,7 +197,7 @@ def probe_run(
     result["json"] = str(out / "smoothness.json")
     if figure:
         result["figure"] = str(_figure(points, fit, out / "smoothness.png", run.path.name))
-    atomic_write_text(out / "smoothness.json", json.dumps({k: v for k, v in result.items() if k not in ("json", "figure")}, indent=2) + "\n")
+    atomic_write_text(out / "smoothness.json", jsonio.dumps({k: v for k, v in result.items() if k not in ("json", "figure")}, indent=2) + "\n")
     return result
 
 

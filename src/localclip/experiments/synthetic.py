@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from localclip import jsonio
 from localclip.algorithms import CELGC
 from localclip.comm import SimulatedWorld, current
 from localclip.errors import ConfigError
@@ -175,7 +176,7 @@ def theory_check(out: str | os.PathLike, problem: CoshProblem | None = None, *, 
     periods = period_sweep(problem, seeds=seeds, **settings)
     result = {"problem": {**asdict(problem), "L0": problem.L0, "L1": problem.L1}, "settings": {**settings, "seeds": list(seeds)},
               "speedup": speed, "periods": periods}
-    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "results.json", jsonio.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "summary.md", _markdown(result))
     if figure:
         _figure(result, out / "figure.png")

@@ -12,7 +12,7 @@ from localclip.provenance import code_version
 from localclip.train.config import ALGORITHMS, TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
-from localclip.train.workloads import check_model
+from localclip.train.workloads import check_data, check_model
 
 __all__ = ["ALGORITHMS", "RunFolder", "TrainConfig", "Trainer", "apply_overrides", "config_from_dict", "run_training"]
 
@@ -42,11 +42,16 @@ def run_training(
     if runtime == "torchrun":
         return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout)
     _check_corpus(config)
+    check_data(config)
     run = RunFolder(out)
     checkpoints = run.prepare(config_json, resume=resume)
     run.begin(config_json, resuming=bool(checkpoints))
-    with interrupt.catch():
-        results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout)
+    try:
+        with interrupt.catch():
+            results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout)
+    except BaseException:
+        run.remove_created()  # a run that failed before its first record leaves no folder behind
+        raise
     return results[0]
 
 

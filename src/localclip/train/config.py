@@ -246,8 +246,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        # json writes inf as Infinity, which Python's json reads back.
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        # Standard JSON: gamma = inf is written "inf" (localclip.jsonio).
+        from localclip import jsonio
+
+        return jsonio.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
 INNER_OPTIMIZERS = ("clipped_sgd", "adamw")
@@ -272,6 +274,9 @@ def _fields() -> dict[str, dataclasses.Field]:
 
 
 def config_from_dict(data: dict) -> TrainConfig:
+    from localclip import jsonio
+
+    data = jsonio.decode(data)  # "inf" in a config.json is gamma = inf
     fields = _fields()
     unknown = sorted(set(data) - set(fields))
     if unknown:

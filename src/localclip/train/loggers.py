@@ -13,6 +13,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from localclip import jsonio
 from localclip.errors import ConfigError
 
 __all__ = ["LOGGERS", "check_loggers", "open_sinks"]
@@ -57,7 +58,7 @@ class WandbSink:
         import wandb
 
         config_path = folder / "config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        config = jsonio.loads(config_path.read_text()) if config_path.exists() else {}
         (folder / "wandb").mkdir(exist_ok=True)
         self.run = wandb.init(mode="offline", dir=str(folder), project="localclip", name=folder.name, config=config,
                               reinit="create_new")

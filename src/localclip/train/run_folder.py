@@ -22,6 +22,7 @@ drops exactly the records written after it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from localclip import jsonio
 from localclip.errors import RunFolderError
 from localclip.train.loggers import open_sinks
 
@@ -127,10 +129,10 @@ class RunFolder:
         if not self.started:
             return []
         try:
-            saved = json.loads(self.config_path.read_text())
+            saved = jsonio.loads(self.config_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise RunFolderError(f"Unreadable run config {self.config_path}: {exc}") from exc
-        new = json.loads(config_json)
+        new = jsonio.loads(config_json)
         # A field added after the run started ran at its default.
         saved = {**{k: v for k, v in _config_defaults().items() if k in new}, **saved}
         differ = sorted(k for k in set(saved) | set(new) if k not in RESUME_MAY_CHANGE and saved.get(k) != new.get(k))
@@ -145,7 +147,7 @@ class RunFolder:
         max_steps, epochs = new.get("max_steps"), new.get("epochs")
         if self.finished:
             try:
-                summary = json.loads(self.summary_path.read_text())
+                summary = jsonio.loads(self.summary_path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise RunFolderError(f"Unreadable summary {self.summary_path}: {exc}") from exc
             steps, done = summary.get("steps", 0), summary.get("epochs", 0.0)
@@ -174,11 +176,34 @@ class RunFolder:
         :meth:`rewind`, once the workers have agreed on the checkpoint."""
         if resuming:
             return
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.checkpoints.mkdir(exist_ok=True)
-        atomic_write_text(self.config_path, config_json + "\n")
+        # The folders this creates, outermost first: removed again if the run cannot start.
+        self.created = [p for p in (*reversed(self.path.parents), self.path) if not p.exists()]
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.checkpoints.mkdir(exist_ok=True)
+            atomic_write_text(self.config_path, config_json + "\n")
+        except OSError as exc:
+            self.remove_created()
+            raise RunFolderError(f"--out {self.path}: cannot write the run folder there ({exc.strerror or exc})") from None
         if self.metrics_path.exists():
             self.metrics_path.unlink()  # a started run without any checkpoint: nothing to keep
+
+    def remove_created(self) -> None:
+        """Undo :meth:`begin` for a run that could not start: remove what it created, provided
+        the run wrote nothing besides its config (no record, no checkpoint)."""
+        created = getattr(self, "created", [])
+        if not created or self.metrics_lines or self.checkpoint_sets():
+            return
+        for name in ("config.json", ".config.json.tmp"):
+            with contextlib.suppress(OSError):
+                (self.path / name).unlink()
+        with contextlib.suppress(OSError):
+            self.checkpoints.rmdir()
+        for path in reversed(created):
+            try:
+                path.rmdir()
+            except OSError:
+                break  # not empty: something else is there
 
     def rewind(self, entry: dict) -> None:
         """Drop the records written after checkpoint ``entry``: the resumed run writes them again."""
@@ -212,7 +237,7 @@ class RunFolder:
             self._metrics = open(self.metrics_path, "a", encoding="utf-8")
             self._sinks = open_sinks(self.loggers, self.path)
         lines = self.metrics_lines
-        self._metrics.write(json.dumps(record, sort_keys=True) + "\n")
+        self._metrics.write(jsonio.dumps(record, sort_keys=True) + "\n")
         self._metrics.flush()
         self._lines = lines + 1
         for sink in self._sinks:
@@ -220,7 +245,7 @@ class RunFolder:
 
     def finish(self, summary: dict) -> None:
         self.close()
-        atomic_write_text(self.summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(self.summary_path, jsonio.dumps(summary, indent=2, sort_keys=True) + "\n")
 
     def close(self) -> None:
         if self._metrics is not None:
@@ -271,4 +296,4 @@ class RunFolder:
 def _config_defaults() -> dict:
     from localclip.train.config import TrainConfig
 
-    return json.loads(TrainConfig().to_json())
+    return jsonio.loads(TrainConfig().to_json())

@@ -109,6 +109,7 @@ class Trainer:
         self.epoch = 0
         self.best_val = math.inf
         self.diverged_at: int | None = None  # the step whose validation found the model diverged
+        self._bar = None  # the progress bar (rank 0, with progress on)
         self.bad_epochs = 0
         self.asgd_avg: list[torch.Tensor] | None = None
         self.asgd_count = 0
@@ -247,7 +248,7 @@ class Trainer:
                 self._restore(self._resume_state)
                 self._resume_state = None
                 if bar is not None:
-                    bar.update(self.step - bar.n)  # a resumed run's bar starts where it stopped
+                    _resume_bar(bar, self.step)
             limit = self._epoch_limit(epoch, num_batches)
             self._num_batches = num_batches
             self._position = self.workload_position()
@@ -280,8 +281,10 @@ class Trainer:
             self._restore(self._resume_state)
             self._resume_state = None
         if bar is not None:
-            bar.close()
+            bar.set_postfix_str("final evaluation (valid, test)...", refresh=True)
         final = self._log_eval(splits=("valid", "test"), final=True)
+        if bar is not None:
+            bar.close()
         if self.run is None:
             return None
         summary = {
@@ -346,6 +349,8 @@ class Trainer:
             return
         self.save_checkpoint()
         self.comm.barrier()  # rank 0 has moved latest.json before anyone reports the stop
+        if self._bar is not None:
+            self._bar.close()  # the message that follows gets a line of its own
         name = {int(s): s.name for s in interrupt.SIGNALS}.get(signum, f"signal {signum}")
         raise Interrupted(
             f"interrupted by {name} at step {self.step} (epoch {self._epoch_progress():.4g}); checkpoint saved, resumable: "
@@ -375,7 +380,8 @@ class Trainer:
         except ImportError:
             return None
         total = self.config.max_steps
-        return tqdm(total=total, initial=self.step, desc=f"{self.config.algorithm} N={self.world_size} I={self.config.period}", unit="step", dynamic_ncols=True, leave=False)
+        self._bar = tqdm(total=total, initial=self.step, desc=f"{self.config.algorithm} N={self.world_size} I={self.config.period}", unit="step", dynamic_ncols=True, leave=False)
+        return self._bar
 
     # -- metrics -------------------------------------------------------------------------------
 
@@ -533,6 +539,14 @@ class Trainer:
         self.generator.set_state(state["rng"])
         self._position = self.workload_position()
         self._saved_at = (self.step, self.epoch, self._position)
+
+
+def _resume_bar(bar, step: int) -> None:
+    """Start the bar at ``step`` as if it had just been created there: the steps a resumed run
+    restored were not done now, so they must not count in its rate and ETA."""
+    bar.n = bar.last_print_n = bar.initial = step
+    bar.start_t = bar.last_print_t = bar._time()
+    bar.refresh()
 
 
 def _diverged(result: dict) -> bool:

@@ -15,12 +15,12 @@ import torch.nn.functional as F
 
 from localclip import data, rng
 from localclip.comm import Communicator
-from localclip.errors import ConfigError
+from localclip.errors import ConfigError, DataError
 from localclip.models import GPT, ar_tar_penalty, build_model, check_model_options, detach_hidden
 from localclip.models.gpt import check_windows
 from localclip.train.config import TrainConfig
 
-__all__ = ["make_workload", "check_model", "LMWorkload", "ImageWorkload"]
+__all__ = ["make_workload", "check_data", "check_model", "LMWorkload", "ImageWorkload"]
 
 _LM_MODELS = {"lstm": "lstm", "awd_lstm": "awd_lstm", "gpt": "gpt"}
 _IMAGE_CHANNELS = {"fashion-mnist": 1, "cifar10": 3}
@@ -38,6 +38,20 @@ def check_model(config: TrainConfig) -> None:
     if not config.model.startswith("resnet"):
         raise ConfigError(f"Invalid model for the image task: {config.model!r} (expected resnetD, e.g. resnet20)")
     check_model_options(config.model, config.model_options, num_classes=10, in_channels=_IMAGE_CHANNELS.get(config.dataset, 3))
+
+
+def check_data(config: TrainConfig) -> None:
+    """Refuse an image run whose data or optional dependency is missing, before a run folder is
+    written (the corpora of language-model runs are checked by ``run_training``)."""
+    if config.task != "image":
+        return
+    if config.dataset == "fashion-mnist":
+        data.images.check_fashion_mnist(config.data_root)
+    elif config.dataset == "cifar10":
+        import importlib.util
+
+        if importlib.util.find_spec("torchvision") is None:
+            raise DataError("CIFAR-10 needs torchvision: `pip install torchvision` (or use Fashion-MNIST).")
 
 
 def make_workload(config: TrainConfig, comm: Communicator):
