@@ -1,8 +1,12 @@
 """CELGC inside Hugging Face Accelerate (see localclip.integrations.accelerate).
 
-    pip install accelerate
-    accelerate launch --cpu --num_processes 2 examples/accelerate_celgc.py     # or:
+    pip install 'localclip[accelerate]'
+    accelerate launch --multi_gpu --num_processes 2 examples/accelerate_celgc.py     # or:
     torchrun --standalone --nproc-per-node 2 examples/accelerate_celgc.py
+
+``--multi_gpu`` is Accelerate's multi-process launcher: on a machine without GPUs it starts the
+two processes on the CPU (gloo; ``DistributedType.MULTI_CPU``). ``accelerate launch --cpu``
+starts a single process whatever ``--num_processes`` says.
 
 The loop is Accelerate's usual one; ``localclip.integrations.accelerate.prepare`` replaces
 ``accelerator.prepare`` for the model and optimizer. At the end the script checks that every

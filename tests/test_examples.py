@@ -50,6 +50,35 @@ def test_accelerate_integration(tmp_path):
     assert steps == 2048 // 32 // 2 and results[0]["rounds"] == steps // 4
 
 
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None or not ACCELERATE.exists(),
+                    reason="accelerate not installed (pip install 'localclip[accelerate]')")
+def test_accelerate_launch_command_of_the_docstring_starts_two_processes(tmp_path):
+    doc = (EXAMPLES / "accelerate_celgc.py").read_text()
+    line = next(line.strip() for line in doc.splitlines() if line.strip().startswith("accelerate launch"))
+    argv = line.split("#")[0].split()
+    assert argv[:2] == ["accelerate", "launch"] and argv[-1] == "examples/accelerate_celgc.py"
+    report = tmp_path / "report"
+    # The docstring's command as written, plus a free port (not Accelerate's fixed default) and a report.
+    cmd = [str(ACCELERATE), *argv[1:-1], "--main_process_port", str(free_port()), str(EXAMPLES / "accelerate_celgc.py"),
+           "--epochs", "1", "--report", str(report)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = [json.loads(Path(f"{report}.rank{r}").read_text()) for r in range(2)]
+    assert all(r["identical"] and r["last_loss"] < 0.9 * r["first_loss"] for r in results), results
+    assert results[0]["distributed_type"].endswith("MULTI_CPU") or results[0]["distributed_type"].endswith("MULTI_GPU")
+
+
 def test_an_example_without_torchrun_says_how_to_start_it():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     scripts = ["torchrun_own_model.py", "hf_gpt2.py", "accelerate_celgc.py"]

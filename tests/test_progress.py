@@ -32,6 +32,9 @@ class RecordingBar:
     def set_postfix(self, refresh=True, **kw):
         self.postfixes.append(kw)
 
+    def set_postfix_str(self, text, refresh=True):
+        self.postfixes.append(text)
+
     def close(self):
         self.closed = True
 
@@ -53,7 +56,9 @@ def test_the_bar_knows_the_total_and_shows_loss_epoch_and_rounds(tmp_path, recor
     (bar,) = recording_bar
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert bar.total == summary["steps"] == bar.n and bar.closed
-    last = bar.postfixes[-1]
+    # The bar stays up through the final evaluation, saying so.
+    assert bar.postfixes[-1] == "final evaluation (valid, test)..."
+    last = bar.postfixes[-2]
     assert set(last) == {"epoch", "loss", "rounds"}
     # The last postfix comes from the last training record, before the end-of-epoch average.
     assert summary["comm/rounds"] - 1 <= last["rounds"] <= summary["comm/rounds"] and float(last["loss"]) > 0

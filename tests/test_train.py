@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from localclip.cli import main
+from localclip import jsonio
+from localclip.cli import EXIT_DIVERGED, main
 from shared_data import SHARED, SMOKE_DATA
 
 SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=2000", "--set", "log_interval=3"]
@@ -26,7 +27,7 @@ def train(tmp_path, *args, name="run"):
 
 
 def records(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [jsonio.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,7 @@ def test_each_algorithm_trains_and_writes_a_complete_run_folder(tmp_path, algori
     if algorithm != "local-sgd":  # without clipping, η = 20 blows up: the paper's point
         assert math.isfinite(summary["val/ppl"]) and summary["val/ppl"] > 1
     assert summary["comm/rounds"] == expected_rounds
-    config = json.loads((out / "config.json").read_text())
+    config = jsonio.loads((out / "config.json").read_text())
     assert config["algorithm"] == algorithm and config["workers"] == (1 if algorithm == "single" else 2)
     if algorithm == "local-sgd":
         assert config["gamma"] == math.inf
@@ -102,8 +103,8 @@ def test_resume_after_a_kill_is_bit_identical(tmp_path):
 def test_a_diverged_run_reports_infinite_perplexity(tmp_path):
     """Local SGD without clipping at a huge η blows up; the run still ends with a summary."""
     code, out = train(tmp_path, "--algorithm", "local-sgd", "--workers", "2", "--period", "2", "--max-steps", "6", "--lr", "1e6")
-    assert code == 0
-    summary = json.loads((out / "summary.json").read_text())
+    assert code == EXIT_DIVERGED
+    summary = jsonio.loads((out / "summary.json").read_text())
     assert summary["val/ppl"] == math.inf or math.isnan(summary["val/ppl"])
     assert summary["diverged_at_step"] == 6  # the final validation found it
 
@@ -114,8 +115,8 @@ def test_a_diverged_run_stops_at_the_validation_that_finds_it(tmp_path, stop):
     perplexity, writing no checkpoint of the diverged state; off, the run spends its budget."""
     code, out = train(tmp_path, "--algorithm", "local-sgd", "--workers", "2", "--period", "2", "--max-steps", "24", "--lr", "1e6",
                       "--set", "eval_interval=4", "--set", "checkpoint_interval=2", "--set", f"stop_on_divergence={str(stop).lower()}")
-    assert code == 0
-    summary = json.loads((out / "summary.json").read_text())
+    assert code == EXIT_DIVERGED
+    summary = jsonio.loads((out / "summary.json").read_text())
     assert summary["val/ppl"] == math.inf
     evals = [r for r in records(out) if "val/ppl" in r and not r.get("final")]
     first_bad = next(r["step"] for r in evals if r["val/ppl"] == math.inf)
