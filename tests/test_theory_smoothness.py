@@ -10,7 +10,7 @@ from localclip.cli import main
 from localclip.errors import ConfigError, RunFolderError
 from localclip.experiments import smoothness, synthetic
 
-from shared_data import SMOKE_DATA
+from shared_data import SHARED, SMOKE_DATA
 
 
 def test_celgc_speeds_up_linearly_on_the_synthetic_problem():
@@ -80,10 +80,78 @@ def test_smoothness_probe_on_a_short_run(tmp_path, capsys):
     assert code == 0
     capsys.readouterr()
     assert main(["smoothness", str(out), "--steps", "2"]) == 0
-    assert "fit L(x)" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "fit L(x)" in printed.out
+    # Two kept checkpoints: the fit rests on three starting points, and the probe says so.
+    assert f"localclip: warning: only 2 checkpoint(s) in {out / 'checkpoints'}: the fit rests on 3 starting point(s)" in printed.err
     result = json.loads((out / "smoothness.json").read_text())
     assert result["sources"][0] == "start" and len(result["sources"]) >= 2
     assert len(result["points"]) == 2 * len(result["sources"])
     assert all(p["grad_norm"] > 0 and p["smoothness"] > 0 and math.isfinite(p["smoothness"]) for p in result["points"])
     assert result["fit"]["L0"] >= 0 and result["fit"]["L1"] >= 0
     assert (out / "smoothness.png").stat().st_size > 10_000
+
+
+# -- figures are optional: without matplotlib the numbers are still written -----------------------
+
+NO_MATPLOTLIB = """
+import sys
+sys.modules["matplotlib"] = None  # import matplotlib now raises ImportError, as when it is not installed
+from localclip.experiments import synthetic
+synthetic.DEFAULTS.update(lr=0.008, gamma=0.128, target=1.0)  # a quick theory check
+from localclip.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _without_matplotlib(*argv):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, *argv], capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_report_theory_and_smoothness_write_their_numbers_without_matplotlib(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    root = tmp_path / "sweeps"
+    shutil.copytree(repo / "results" / "sweeps" / "epoch0.5" / "compression", root / "compression",
+                    ignore=shutil.ignore_patterns("*.png", "summary.csv", "summary.md"))
+    code, out, err = _without_matplotlib("report", "compression", "--root", str(root))
+    assert code == 0, err
+    assert (root / "compression" / "summary.csv").exists() and (root / "compression" / "summary.md").exists()
+    assert not list((root / "compression").glob("*.png"))
+    assert err.strip() == "localclip: no figure: it needs matplotlib (pip install 'localclip[plot]')"
+
+    code, out, err = _without_matplotlib("theory", "--out", str(tmp_path / "theory"), "--seeds", "1")
+    assert code == 0, err + out
+    assert (tmp_path / "theory" / "results.json").exists() and (tmp_path / "theory" / "summary.md").exists()
+    assert not (tmp_path / "theory" / "figure.png").exists() and "figure.png" not in out
+    assert err.strip() == "localclip: no figure: it needs matplotlib (pip install 'localclip[plot]')"
+
+    run = tmp_path / "run"
+    assert main(["train", "ptb-small", "--workers", "2", "--max-steps", "4", "--out", str(run), *SMOKE_DATA, "--no-progress",
+                 "--set", "eval_tokens=2000", "--set", "checkpoint_interval=2", "--set", "threads=1"]) == 0
+    code, out, err = _without_matplotlib("smoothness", str(run), "--steps", "2")
+    assert code == 0, err
+    assert (run / "smoothness.json").exists() and not (run / "smoothness.png").exists()
+    assert "localclip: no figure: it needs matplotlib (pip install 'localclip[plot]')" in err.splitlines()
+
+
+def test_smoothness_of_a_run_whose_data_root_is_relative_reads_the_data_where_train_looks(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["train", "ptb-small", "--workers", "2", "--max-steps", "2", "--out", str(out), *SMOKE_DATA, "--no-progress",
+                 "--set", "eval_tokens=2000", "--set", "checkpoint_interval=1", "--set", "threads=1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    config["data_root"] = "../shared/data"  # as a committed run stores it: relative to where it ran
+    (out / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LOCALCLIP_DATA", str(SHARED))
+    capsys.readouterr()
+    assert main(["smoothness", str(out), "--steps", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"the run's data_root ('../shared/data', in {out / 'config.json'}) does not exist from here; reading the data from {SHARED}" in err
+    assert json.loads((out / "smoothness.json").read_text())["points"]

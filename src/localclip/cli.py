@@ -325,6 +325,8 @@ def _report(args) -> int:
     print(Path(result["markdown"]).read_text(), end="")
     written = [result["csv"], result["markdown"]] + [result[k] for k in ("figure", "curves") if result.get(k)]
     print(f"wrote {', '.join(written)}")
+    if result.get("figure_note"):
+        print(f"localclip: {result['figure_note']}", file=sys.stderr)
     if result["figure_error"]:
         print(f"localclip: warning: no figure: {result['figure_error']}", file=sys.stderr)
         return 1
@@ -336,7 +338,9 @@ def _theory(args) -> int:
 
     result = theory_check(args.out, seeds=tuple(range(args.seeds)))
     print((Path(args.out) / "summary.md").read_text(), end="")
-    print(f"wrote {args.out}/results.json, summary.md, figure.png")
+    print(f"wrote {args.out}/results.json, summary.md" + (", figure.png" if result.get("figure") else ""))
+    if result.get("figure_note"):
+        print(f"localclip: {result['figure_note']}", file=sys.stderr)
     return 0 if result["speedup"] else 1
 
 
@@ -344,10 +348,14 @@ def _smoothness(args) -> int:
     from localclip.experiments.smoothness import probe_run
 
     result = probe_run(args.run, steps=args.steps, data_root=args.data_root, out=args.out)
+    for note in result["notes"]:
+        print(f"localclip: warning: {note}", file=sys.stderr)
     fit = result["fit"]
     print(f"{len(result['points'])} points from {len(result['sources'])} starting points; "
           f"fit L(x) ≈ {fit['L0']:.4g} + {fit['L1']:.4g}·‖∇f(x)‖ (R² {fit['r2']:.3f})")
     print(f"wrote {result['json']}" + (f", {result['figure']}" if result.get("figure") else ""))
+    if result.get("figure_note"):
+        print(f"localclip: {result['figure_note']}", file=sys.stderr)
     return 0
 
 

@@ -23,6 +23,19 @@ class PlotError(LocalclipError):
     """A folder that cannot be plotted, or runs that cannot share a figure."""
 
 
+#: What the commands whose figures are optional say when matplotlib is missing.
+NO_MATPLOTLIB = "no figure: it needs matplotlib (pip install 'localclip[plot]')"
+
+
+def have_matplotlib() -> bool:
+    """Whether matplotlib can be imported (``localclip[plot]``)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def load_run(folder: str | Path) -> dict:
     """``{"config", "train", "eval", "label"}`` of one run folder (a run in progress works too)."""
     folder = Path(folder)

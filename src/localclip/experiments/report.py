@@ -167,7 +167,7 @@ def report(
     result = {
         "sweep": name, "folder": str(folder), "rows": rows, "finished": list(finished), "unfinished": unfinished,
         "targets": targets, "csv": str(folder / "summary.csv"), "markdown": str(folder / "summary.md"),
-        "figure": None, "figures": {}, "figure_error": None, "curves": None,
+        "figure": None, "figures": {}, "figure_error": None, "figure_note": None, "curves": None,
     }
     columns = list(dict.fromkeys(k for row in rows for k in row)) or ["run"]
     buffer = io.StringIO()
@@ -178,7 +178,11 @@ def report(
     atomic_write_text(folder / "summary.csv", buffer.getvalue())
 
     figure_path = folder / "figure.png"
-    if figure and finished:
+    from localclip.plot import NO_MATPLOTLIB, have_matplotlib
+
+    if figure and finished and not have_matplotlib():
+        result["figure_note"] = NO_MATPLOTLIB  # the tables do not need it
+    elif figure and finished:
         from localclip.plot import plot_runs
 
         # converge has too many runs for one readable figure: one per group, each run beside

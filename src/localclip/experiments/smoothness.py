@@ -141,11 +141,25 @@ def probe_run(
     config, _ = run.read_config()
     if config.task != "lm":
         raise ConfigError(f"{run.path}: the smoothness probe handles language-model runs (task lm), not {config.task!r}")
+    notes = []
+    config_data_root = config.data_root
     if data_root is not None:
         config = dataclasses.replace(config, data_root=data_root)
+    elif config.data_root and not Path(config.data_root).expanduser().exists():
+        # A run's config keeps --data-root as given: a relative one means nothing from here, an
+        # absolute one may be another machine's. The data then comes from where `train` looks.
+        from localclip.data import resolve_data_root
+
+        config = dataclasses.replace(config, data_root=None)
+        notes.append(f"the run's data_root ({config_data_root!r}, in {run.config_path}) does not exist from here; "
+                     f"reading the data from {resolve_data_root(None)} (pass --data-root to choose)")
     checkpoints = _checkpoint_steps(run)
     if not checkpoints and not include_start:
         raise RunFolderError(f"{run.path} holds no checkpoint (checkpoints/step-*/rank-0.pt) to probe")
+    if len(checkpoints) < 4:
+        notes.append(f"only {len(checkpoints)} checkpoint(s) in {run.checkpoints}: the fit rests on "
+                     f"{len(checkpoints) + bool(include_start)} starting point(s) and says little about L0 and L1; "
+                     "a run with keep_checkpoints >= 4 gives more")
 
     workload = make_workload(config, SingleProcess())  # its model is the run's x₀ (drawn from the run's seed)
     model = workload.model
@@ -192,12 +206,16 @@ def probe_run(
     fit = fit_l0_l1([p["grad_norm"] for p in points], [p["smoothness"] for p in points])
     out = Path(out) if out is not None else run.path
     out.mkdir(parents=True, exist_ok=True)
-    result = {"run": str(run.path), "steps_per_source": steps, "sources": [s[0] for s in sources], "fit": fit, "points": points,
+    result = {"notes": notes, "run": str(run.path), "steps_per_source": steps, "sources": [s[0] for s in sources], "fit": fit, "points": points,
               "method": "finite differences along the clipped-SGD update, max over 1/4, 1/2 and 1 of the step; dropout off; rank 0's model"}
     result["json"] = str(out / "smoothness.json")
-    if figure:
+    from localclip.plot import NO_MATPLOTLIB, have_matplotlib
+
+    if figure and not have_matplotlib():
+        result["figure_note"] = NO_MATPLOTLIB  # smoothness.json does not need it
+    elif figure:
         result["figure"] = str(_figure(points, fit, out / "smoothness.png", run.path.name))
-    atomic_write_text(out / "smoothness.json", jsonio.dumps({k: v for k, v in result.items() if k not in ("json", "figure")}, indent=2) + "\n")
+    atomic_write_text(out / "smoothness.json", jsonio.dumps({k: v for k, v in result.items() if k not in ("json", "figure", "figure_note")}, indent=2) + "\n")
     return result
 
 

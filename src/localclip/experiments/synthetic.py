@@ -178,8 +178,14 @@ def theory_check(out: str | os.PathLike, problem: CoshProblem | None = None, *, 
               "speedup": speed, "periods": periods}
     atomic_write_text(out / "results.json", jsonio.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "summary.md", _markdown(result))
-    if figure:
+    from localclip.plot import NO_MATPLOTLIB, have_matplotlib
+
+    result["figure"] = None
+    if figure and not have_matplotlib():
+        result["figure_note"] = NO_MATPLOTLIB  # results.json and summary.md do not need it
+    elif figure:
         _figure(result, out / "figure.png")
+        result["figure"] = str(out / "figure.png")
     return result
 
 
