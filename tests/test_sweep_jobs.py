@@ -323,7 +323,7 @@ def test_runs_that_would_share_a_label_are_told_apart_in_the_figure(tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(matplotlib.legend.Legend, "__init__", spy)
         plot_runs([str(tmp_path / "lsgd-lr5"), str(tmp_path / "lsgd-lr20")], tmp_path / "f.png")
-    assert seen == ["local-sgd N=8 I=8 (lsgd-lr5)", "local-sgd N=8 I=8 (lsgd-lr20) (diverged: above the top)"]
+    assert seen == ["local-sgd N=8 I=8 (lsgd-lr5)", "local-sgd N=8 I=8 (lsgd-lr20) (diverged at step 10: above the top)"]
 
 
 def _start_sweep(root, tmp):
