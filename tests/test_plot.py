@@ -67,7 +67,7 @@ def test_a_diverged_run_is_marked_with_its_step(short_runs, drawn, tmp_path):
     step = summary["diverged_at_step"]
     assert _legend(fig) == [f"local-sgd N=2 I=2 (diverged at step {step})"]
     texts = [t.get_text() for t in fig.axes[4].texts]
-    assert texts == [f"local-sgd N=2 I=2: val/ppl = {summary['val/ppl']:g} at step {step}"]
+    assert texts == [f"local-sgd N=2 I=2: final val/ppl = {summary['val/ppl']:g} (diverged at step {step})"]
 
 
 def _fake(folder: Path, algorithm: str, workers: int, ppls: list[float], seconds_per_step: float):

@@ -237,8 +237,8 @@ def plot_runs(folders: list[str], out: str | Path, *, labels: list[str] | None =
     if one_eval:
         axes[1][0].set_title("the final validation of each run (no validation before it)", fontsize="medium")
     # A value the panels cannot place (a diverged run's infinite perplexity) is written out.
-    unplaced = [f"{run['label']}: {val_key} = {v:g} at step {run['eval'][-1]['step']}" for run in runs
-                if run["eval"] and not math.isfinite(v := run["eval"][-1].get(val_key, math.nan))]
+    unplaced = [f"{run['label']}: final {val_key} = {v:g}" + (f" (diverged at step {run['diverged_at']})" if run["diverged_at"] is not None else "")
+                for run in runs if run["eval"] and not math.isfinite(v := run["eval"][-1].get(val_key, math.nan))]
     if unplaced:
         axes[1][0].text(0.02, 0.98, "\n".join(unplaced), transform=axes[1][0].transAxes, va="top", fontsize="small",
                         bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
