@@ -39,7 +39,7 @@ def main() -> int:
     try:
         from accelerate import Accelerator
     except ImportError:
-        print(f"{sys.argv[0]}: needs Hugging Face Accelerate: pip install accelerate", file=sys.stderr)
+        print(f"{sys.argv[0]}: needs Hugging Face Accelerate: pip install 'localclip[accelerate]'", file=sys.stderr)
         return 2
     from localclip.integrations.accelerate import prepare
     from localclip.optim import ClippedSGD

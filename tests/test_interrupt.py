@@ -168,3 +168,26 @@ def test_one_signal_delivered_twice_counts_once():
         time.sleep(0.05)
         assert interrupt.requested() == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == before and interrupt.requested() == 0
+
+
+def test_the_stop_messages_get_lines_of_their_own_beside_the_progress_bar(tmp_path):
+    """With the bar on stderr, Ctrl-C's announcement starts a line (not the bar's), and the final
+    message follows the erased bar without a rank prefix: every worker stopped at the same step."""
+    out = tmp_path / "run"
+    with_bar = [arg for arg in SMOKE if arg != "--no-progress"]
+    cmd = [sys.executable, "-m", "localclip.cli", "train", "ptb-small", *ARGS, "--out", str(out), *with_bar]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+    try:
+        wait_for_step(proc, out, 3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 75, err
+    assert "%|" in err  # the bar was drawn
+    lines = err.split("\n")
+    assert sum(line.startswith("localclip: SIGINT received") for line in lines) == 1, err
+    shown = [line.rsplit("\r", 1)[-1] for line in lines]  # what a terminal shows after the bar's carriage returns
+    assert sum(line.startswith("localclip: interrupted by SIGINT at step") for line in shown) == 1, err
+    assert "rank 0" not in err
