@@ -13,19 +13,18 @@ identical to J = 1's. This is what `localclip sweep`'s default (one run per core
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
-from localclip import experiments
+from localclip import experiments, jsonio
 from localclip.experiments.runner import available_cores
 
 TIMES = ("time/compute", "time/comm", "time/seconds")
 
 
 def numbers(folder: Path) -> list:
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    records = [jsonio.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in TIMES} for r in records]
 
 

@@ -1,18 +1,19 @@
 """Print the table of docs/results.md's ptb-gpt-small section from the run folders here."""
 
-import json
 import math
 import sys
 from pathlib import Path
+
+from localclip import jsonio
 
 root = Path(__file__).parent / "ptb-gpt-small"
 print("| run | epoch | val ppl | test ppl | rounds | bytes / worker | mean clip fraction | steps skipped (all workers) | wall-clock |")
 print("|---|---|---|---|---|---|---|---|---|")
 for name in sys.argv[1:] or ["naive", "celgc-I8", "local-sgd-I8"]:
     folder = root / name
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    records = [jsonio.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/loss" in r]
-    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
+    summary = jsonio.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
     clip = sum(r["clip/fraction"] for r in train) / len(train)
     skipped = train[-1].get("train/skipped_steps", 0)
     evals = [r for r in records if "val/ppl" in r and not r.get("final")]
