@@ -117,9 +117,13 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--latency", type=float, default=50e-6, help="modelled per-round latency in seconds (default 5e-05)")
 
     # -- sweep and report (localclip.experiments) --
+    from localclip.experiments.plans import describe as describe_sweeps
+
     sweep_cmd = sub.add_parser("sweep", help="run a named sweep (finished runs are skipped, started ones resumed)",
                                description="Run a named sweep's runs into ROOT/NAME/RUN, up to --jobs at once. Run it again to continue an "
-                                           "interrupted sweep; a run that diverged is a finished result.")
+                                           "interrupted sweep; a run that diverged is a finished result.",
+                               epilog="sweeps:\n" + "\n".join(f"  {line}" for line in describe_sweeps()),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sweep_cmd.add_argument("name", metavar="NAME", help=f"a sweep: {', '.join(SWEEPS)}")
     sweep_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
     sweep_cmd.add_argument("--epochs", type=_positive_float("--epochs"), help="epochs per run (default: the sweep's own, sized for about an hour of a 2-core CPU)")
