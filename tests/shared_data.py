@@ -24,8 +24,9 @@ import pytest
 
 from localclip.data.corpora import CORPORA, resolve_data_root
 
-GET_PTB = "get it with `localclip data download ptb` (or point LOCALCLIP_DATA at a folder holding ptbdataset/)"
-GET_WT2 = "get it with `localclip data download wikitext2` (or point LOCALCLIP_DATA at a folder holding wikitext2/)"
+GET_PTB = "`localclip data download ptb` fetches it (or point LOCALCLIP_DATA at a folder holding ptbdataset/)"
+GET_BOTH = ("`localclip data download ptb` and `localclip data download wikitext2` fetch them "
+            "(or point LOCALCLIP_DATA at a folder holding ptbdataset/ and wikitext2/)")
 GET_FMNIST = "Fashion-MNIST not installed: `apt-get install dataset-fashion-mnist` (files under /usr/share/datasets/fashion-mnist)"
 
 
@@ -60,6 +61,8 @@ def _tiny_root() -> Path:
     root = Path(tempfile.mkdtemp(prefix="localclip-tiny-data-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     write_tiny_ptb(root / CORPORA["ptb"].folder)
+    # A run may name the other corpus (a resume whose config differs in dataset): it is there too.
+    write_tiny_ptb(root / CORPORA["wikitext2"].folder, train_lines=300, seed=1)
     return root
 
 
@@ -75,7 +78,7 @@ SMOKE_DATA = ["--data-root", str(SHARED), *(["--allow-custom-corpus"] if CUSTOM 
 CUSTOM_OVERRIDES = ["allow_custom_corpus=true"] if CUSTOM else []
 
 needs_real_ptb = pytest.mark.skipif(REAL_PTB is None, reason=f"needs the real PTB corpus: {GET_PTB}")
-needs_real_data = pytest.mark.skipif(REAL_DATA is None, reason=f"needs the real PTB and WikiText-2 corpora: {GET_PTB}; {GET_WT2}")
+needs_real_data = pytest.mark.skipif(REAL_DATA is None, reason=f"needs the real PTB and WikiText-2 corpora: {GET_BOTH}")
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 HAVE_FMNIST = any((FASHION_MNIST / f"train-images-idx3-ubyte{ext}").exists() for ext in ("", ".gz"))
 needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason=GET_FMNIST)

@@ -10,6 +10,7 @@ import pytest
 
 from localclip.cli import main
 
+from shared_data import needs_real_ptb
 from test_train import SHARED, SMOKE
 
 
@@ -76,6 +77,7 @@ def test_missing_data_names_the_path_and_the_download_command(capsys, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@needs_real_ptb  # the canonical files, one of them changed
 def test_checksum_mismatch_names_the_file(capsys, tmp_path):
     root = tmp_path / "data"
     shutil.copytree(SHARED / "ptbdataset", root / "ptbdataset")
@@ -193,6 +195,7 @@ def test_no_checkpoint_that_loads_everywhere_names_the_files_and_changes_nothing
     assert digest(out) == before
 
 
+@needs_real_ptb  # the canonical valid and test files beside a custom train file
 def test_custom_corpus_folder_as_data_root_warns_once_in_one_line(capsys, tmp_path):
     root = tmp_path / "mycorpus"  # not named like the canonical folder
     root.mkdir()
