@@ -256,3 +256,16 @@ def test_isweep_time_to_target_with_one_compute_time_per_step(tmp_path):
     assert rows["celgc-I8"]["same as left, median compute/step"] == pytest.approx(20 * per_step + link(2 / 8, 200 / 8), abs=1e-3)
     assert rows["celgc-I8"]["naive's time / this (median compute/step)"] == pytest.approx(
         (30 * per_step + link(3, 300)) / (20 * per_step + link(2 / 8, 200 / 8)), abs=1e-3)
+
+
+def test_a_run_that_diverges_is_a_finished_result_of_the_sweep(tmp_path, capsys):
+    """Local SGD at a huge η diverges: the sweep records it as finished (not failed) and goes on;
+    the sweep command exits 0."""
+    code = main(["sweep", "isweep", "--root", str(tmp_path), "--data-root", str(SHARED), "--only", "local-sgd-I8", "--max-steps", "2",
+                 "--jobs", "1", *[a for o in [*SMALL, "lr=1e6"] for a in ("--set", o)]])
+    assert code == 0, capsys.readouterr().err
+    status = json.loads((tmp_path / "isweep" / "sweep.json").read_text())
+    (entry,) = [e for e in status["runs"] if e["name"] == "local-sgd-I8"]
+    assert entry["status"] == "finished" and status["failed"] == []
+    summary = json.loads((tmp_path / "isweep" / "local-sgd-I8" / "summary.json").read_text())
+    assert summary["diverged_at_step"] == 2 and summary["val/ppl"] in ("inf", "nan")

@@ -150,7 +150,7 @@ class LMWorkload:
         self.comm.all_reduce([total])
         loss = (total[0] / total[1]).item()
         # A diverged model (local SGD without clipping at the paper's η) has a loss whose exp
-        # overflows: its perplexity is infinite, which JSON records as Infinity.
+        # overflows: its perplexity is infinite, written "inf" in the JSON files (localclip.jsonio).
         return {"loss": loss, "ppl": math.exp(loss) if loss < 709 else math.inf}
 
 
