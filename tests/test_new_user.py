@@ -60,6 +60,15 @@ def test_a_diverged_run_says_so_with_its_own_exit_status_and_writes_standard_jso
     assert math.isinf(jsonio.loads((out / "config.json").read_text())["gamma"])
 
 
+def test_under_torchrun_a_diverged_run_exits_0_so_that_the_agent_does_not_restart_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # what torchrun sets for its workers
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(capsys, "train", "ptb-small", "--algorithm", "local-sgd", "--lr", "1e6", "--max-steps", "2",
+                                "--out", str(out), *SMOKE)
+    assert code == 0, err
+    assert stdout.strip().splitlines()[-1].startswith(f"diverged {out}: the validation at step 2 found the model diverged")
+
+
 def test_a_run_that_trained_on_after_diverging_names_the_first_diverged_validation(tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, _ = run_cli(capsys, "train", "ptb-small", "--algorithm", "local-sgd", "--lr", "1e6", "--max-steps", "8",

@@ -27,6 +27,7 @@ EXIT_STATUSES = f"""exit status:
   2    bad input (a flag, the data, the run folder): one line on stderr says what
   {EXIT_DIVERGED}    the run finished with a diverged model (loss NaN/Inf or an overflowing perplexity);
        its final line names the step whose validation found it, summary.json has diverged_at_step
+       (under torchrun 0 instead, so that the agent does not restart a finished run)
   75   stopped by SIGTERM/SIGINT after a checkpoint: run the same command with --resume
   128+N  a second signal N: stopped at once, the last complete checkpoint kept"""
 
@@ -193,7 +194,8 @@ def _train(args) -> int:
     diverged = _diverged_at(summary, out)
     if diverged is not None:
         print(f"diverged {out}: the validation at step {diverged} found the model diverged; {metrics}")
-        return EXIT_DIVERGED
+        # torchrun's agent takes any other status for a failure and restarts the group (--max-restarts).
+        return 0 if "TORCHELASTIC_RUN_ID" in os.environ else EXIT_DIVERGED
     print(f"finished {out}: {metrics}")
     return 0
 
