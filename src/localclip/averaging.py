@@ -301,6 +301,11 @@ class PeriodicAverager:
     def average(self, *, if_changed: bool = False) -> None:
         """Average now, whatever the schedule (end of training, before evaluation).
 
+        Right after a round (no step counted since), the workers already hold the average: no
+        round is taken and none is counted. ``if_changed=True`` also skips the call before the
+        first step (the workers hold rank 0's model); without it that call is a round, for a
+        user who changed the parameters outside :meth:`step`.
+
         Each worker first scales what it sends by 1/K (K: the workers expected to take part) and
         checks it for NaN/Inf in the same pass, before anything leaves it, so that a left-out
         worker's values never reach the others; then one all-reduce sums the weights and the
@@ -319,7 +324,7 @@ class PeriodicAverager:
         self._check_views()
         if self.comm.world_size == 1:
             return  # nothing to talk about: no round, no bytes
-        if if_changed and self.step_count == self._last_round_step:
+        if self.step_count == self._last_round_step and (if_changed or self.rounds):
             return
         expected = self.comm.world_size
         taking_part = True

@@ -1,7 +1,7 @@
-r"""Clipped SGD: the local update rule of CELGC (ALGORITHM.md §2).
+r"""Clipped SGD: the local update rule of CELGC (docs/algorithm.md).
 
 The optimizer owns the update and nothing else: no communication happens here. The algorithms in
-:mod:`localclip.algorithm` hand it a reference norm when a global clip mode needs one.
+:mod:`localclip.algorithms` hand it a reference norm when a global clip mode needs one.
 """
 
 from __future__ import annotations

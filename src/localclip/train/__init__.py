@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 from localclip.errors import ConfigError, LocalclipError, RunFolderError
+from localclip.algorithms import ALGORITHMS
 from localclip.provenance import code_version
-from localclip.train.config import ALGORITHMS, TrainConfig, apply_overrides, config_from_dict
+from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
 from localclip.train.workloads import check_model

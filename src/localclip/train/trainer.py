@@ -37,41 +37,16 @@ import time
 import torch
 
 from localclip import rng
-from localclip.algorithms import CELGC, EPISODE, NaiveParallelClipping
-from localclip.outer import OuterSGD
 from localclip import interrupt
+from localclip.algorithms import build_algorithm
 from localclip.comm import current
 from localclip.errors import ConfigError, Interrupted, NonFiniteError, RunFolderError
 from localclip.provenance import code_version
-from localclip.train.config import PERIODIC_ALGORITHMS, TrainConfig
-from localclip.train.inner import build_inner_algorithm
+from localclip.train.config import TrainConfig
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
 
-__all__ = ["Trainer", "run_worker", "build_algorithm", "state_hash"]
-
-
-def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
-    if config.inner_optimizer != "clipped_sgd":
-        return build_inner_algorithm(
-            config, model, comm, average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
-            skip_nonfinite=config.on_nonfinite == "skip",
-        )
-    common = dict(
-        momentum=config.momentum, weight_decay=config.weight_decay, group=comm,
-        average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
-        skip_nonfinite=config.on_nonfinite == "skip",
-    )
-    if config.algorithm == "naive":
-        return NaiveParallelClipping(model, config.lr, config.gamma, **common)
-    outer = None
-    if config.outer_optimizer != "none":
-        outer = OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
-    return (EPISODE if config.algorithm == "episode" else CELGC)(
-        model, config.lr, config.gamma, config.period, clip_mode=config.clip_mode,
-        participants=config.participants, participation_seed=config.seed,
-        outer_optimizer=outer, compression=config.compression, **common,
-    )
+__all__ = ["Trainer", "run_worker", "state_hash"]
 
 
 def state_hash(model: torch.nn.Module) -> str:
@@ -133,7 +108,7 @@ class Trainer:
         # Agreement points for a stop request: where the algorithm communicates anyway, and at
         # least every stop_check_interval steps, so that a long period (I = 256 is minutes of
         # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
-        every = config.period if config.algorithm in PERIODIC_ALGORITHMS else 1
+        every = self.algorithm.period
         self._agree_every = min(every, config.stop_check_interval) if config.stop_check_interval else every
 
     def resume(self, state: dict) -> None:
@@ -294,7 +269,7 @@ class Trainer:
             "time/comm": self.time_comm,
             "algorithm": cfg.algorithm,
             "workers": cfg.workers,
-            "period": cfg.period,
+            "period": self.algorithm.period,
             "provenance": code_version(),
         }
         summary.update(final)
