@@ -15,7 +15,7 @@ from pathlib import Path
 
 from localclip.errors import Interrupted, LocalclipError
 
-__all__ = ["main"]
+__all__ = ["main", "train_config"]
 
 
 def _positive_int(flag):
@@ -132,11 +132,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args) -> int:
+def train_config(argv: list[str]):
+    """The resolved config that ``localclip train ARGV`` would run (raises ConfigError as it would)."""
+    return _train_config(_parser().parse_args(["train", *argv]))
+
+
+def _train_config(args):
     from localclip.algorithms import build as algorithms
     from localclip.errors import ConfigError
     from localclip.recipes import for_inner_optimizer, get_recipe
-    from localclip.train import apply_overrides, run_training
+    from localclip.train import apply_overrides
 
     config = get_recipe(args.recipe)
     flags = {
@@ -161,10 +166,17 @@ def _train(args) -> int:
     problem = algorithms.overridden(config, explicit)
     if problem:
         raise ConfigError(problem)
+    return resolved
+
+
+def _train(args) -> int:
+    from localclip.train import run_training
+
+    resolved = _train_config(args)
     if resolved.task == "lm" and args.runtime != "torchrun":
         _ensure_corpus(resolved)
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
-    summary = run_training(config, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
+    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
     if summary is not None:
         keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
         print(f"finished {out}: " + "  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))

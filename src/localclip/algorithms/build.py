@@ -131,7 +131,7 @@ def check(config, bad) -> None:
     """
     s = spec(config.algorithm)
     if config.clip_mode not in s.clip_modes:
-        bad("clip_mode", f"means nothing with algorithm={config.algorithm} (accepted: {', '.join(s.clip_modes)})")
+        bad("clip_mode", f"means nothing with algorithm={config.algorithm}; accepted there: {', '.join(s.clip_modes)}")
     if config.inner_optimizer == "adamw":
         if config.momentum:
             bad("momentum", "applies to inner_optimizer=clipped_sgd; AdamW's momentum is betas[0]")
