@@ -299,3 +299,38 @@ def test_ptb_gpt_small_trains_with_adamw(tmp_path):
     assert code == 0
     losses = [json.loads(line)["train/loss"] for line in (out / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
     assert losses[-1] < losses[0] - 1.0 and math.isfinite(json.loads((out / "summary.json").read_text())["val/ppl"])
+
+
+# -- devices ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device,ok", [("cpu", True), ("auto", True), ("cuda", True), ("cuda:1", True), ("gpu", False), ("cuda:x", False)])
+def test_device_values(device, ok):
+    from localclip import devices
+
+    if ok:
+        devices.check(device)
+    else:
+        with pytest.raises(ConfigError, match=f"Invalid device: '{device}'"):
+            devices.check(device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_cuda_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", "--device", "cuda", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Invalid device: 'cuda' (CUDA is not available" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_checkpoint_state_is_moved_to_the_cpu_without_copying_cpu_tensors():
+    from collections import namedtuple
+
+    from localclip import devices
+
+    Pair = namedtuple("Pair", "h c")
+    t = torch.ones(2)
+    state = {"a": [t, (t, 3)], "b": Pair(t, t), "c": None}
+    moved = devices.to_cpu(state)
+    assert moved["a"][0] is t and moved["a"][1][0] is t and moved["b"].h is t and isinstance(moved["b"], Pair)

@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
                        "the recipe's settings for it, else give --lr")
     train.add_argument("--clip-mode", choices=list(CLIP_MODES), help="clipped_sgd: clip with the local gradient's norm (local, the paper's), the round's averaged one, the larger of the two (max), or not at all")
     train.add_argument("--seed", type=int)
+    train.add_argument("--device", help="where each worker computes: auto (default: cuda where available, else cpu), cpu, cuda "
+                       "(each worker process its own GPU; simulated workers share one) or cuda:K")
     train.add_argument("--outer-optimizer", choices=list(OUTER_OPTIMIZERS), help="an outer step on the average at each round (nesterov with adamw inside: DiLoCo)")
     train.add_argument("--outer-lr", type=float, help="outer step size (default 0.7)")
     train.add_argument("--outer-momentum", type=float, help="outer momentum in [0, 1) (default 0.9)")
@@ -138,6 +140,7 @@ def train_config(argv: list[str]):
 
 
 def _train_config(args):
+    from localclip import devices
     from localclip.algorithms import build as algorithms
     from localclip.errors import ConfigError
     from localclip.recipes import for_inner_optimizer, get_recipe
@@ -149,7 +152,7 @@ def _train_config(args):
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "compression": args.compression,
-        "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode,
+        "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     if args.loggers:
@@ -166,6 +169,7 @@ def _train_config(args):
     problem = algorithms.overridden(config, explicit)
     if problem:
         raise ConfigError(problem)
+    devices.check_available(resolved.device)
     return resolved
 
 

@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass, field
 
 from localclip.algorithms import build as algorithms
+from localclip import devices
 from localclip.averaging import COMPRESSIONS, OPTIMIZER_STATE_MODES
 from localclip.errors import ConfigError
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
@@ -148,6 +149,9 @@ class TrainConfig:
     """Sinks beside ``metrics.jsonl``: ``tensorboard`` (when installed), ``wandb`` (offline)."""
     data_root: str | None = None
     allow_custom_corpus: bool = False
+    device: str = "auto"
+    """Where each worker computes: ``cpu``, ``cuda`` (its process's GPU), ``cuda:K`` or ``auto``
+    (``cuda`` where available); see :mod:`localclip.devices`."""
     threads: int | None = None
     """Torch intra-op threads per process (default: the machine's cores, split among spawned
     workers)."""
@@ -220,6 +224,7 @@ class TrainConfig:
             bad("lr_decay_epochs", f"must be in increasing order, e.g. {sorted(decays)}")
         if self.eval_interval < 0 or self.asgd_patience < 0:
             bad("eval_interval" if self.eval_interval < 0 else "asgd_patience", "must be >= 0")
+        devices.check(self.device)
         algorithms.check(self, bad)
         return self
 

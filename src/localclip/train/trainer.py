@@ -37,7 +37,7 @@ import time
 import torch
 
 from localclip import rng
-from localclip import interrupt
+from localclip import devices, interrupt
 from localclip.algorithms import build_algorithm
 from localclip.comm import current
 from localclip.errors import ConfigError, Interrupted, NonFiniteError, RunFolderError
@@ -71,13 +71,14 @@ class Trainer:
         # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
         self.run_folder = run_folder
         self.run = run_folder if self.rank == 0 else None
-        self.workload = make_workload(config, self.comm)
+        self.device = devices.resolve(config.device)
+        self.workload = make_workload(config, self.comm, self.device)
         self.model = self.workload.model
         self.model.train()
         self.algorithm = build_algorithm(config, self.model, self.comm)
         # The worker's own stream for everything random in its steps (dropout masks): seeded
         # from (seed, rank) alone, so no runtime or thread interleaving can change a draw.
-        self.generator = rng.worker_generator(config.seed, self.rank)
+        self.generator = rng.worker_generator(config.seed, self.rank, device=self.device)
         rng.set_generator(self.model, self.generator)
         self.progress = progress and self.rank == 0
         self.step = 0
@@ -90,17 +91,17 @@ class Trainer:
         self.time_compute = 0.0
         self.time_comm = 0.0
         # loss sum, steps; the third slot is unused but stays so that checkpoints keep their shape
-        self._interval = torch.zeros(3, dtype=torch.float64)
+        self._interval = torch.zeros(3, dtype=torch.float64, device=self.device)
         self._clipped_seen = 0
         # Per interval, summed over this worker's steps: local gradient norm, local step length,
         # steps whose local gradient exceeds the clip norm, the sampled norm of the mean
         # gradient, and the number of such samples.
-        self._step_stats = torch.zeros(5, dtype=torch.float64)
+        self._step_stats = torch.zeros(5, dtype=torch.float64, device=self.device)
         self._probe_cost = (0.0, 0.0, 0.0)  # (clock, comm, waited) seconds of this step's sample
         # The model at the last evaluation (all workers hold the same one there) and the length
         # of the path this worker's local steps walked since.
         self._move_from: torch.Tensor | None = self._flat_params()
-        self._path = torch.zeros((), dtype=torch.float64)
+        self._path = torch.zeros((), dtype=torch.float64, device=self.device)
         self._resume_state = None
         self._eval_cache: dict = {}
         self._position, self._num_batches = 0, 1
@@ -132,6 +133,8 @@ class Trainer:
         ``sample_mean_gradient``: before the step, all-reduce the workers' gradients to record
         the norm of their mean (every worker must pass the same value)."""
         self._set_step_size(scale)
+        if self.device.type != "cpu":
+            batch = devices.move(batch, self.device)
         objective, reported = self.workload.loss(batch)
         self.algorithm.zero_grad()
         objective.backward()
@@ -162,7 +165,7 @@ class Trainer:
         """Accumulate the step's statistics on the device (no host read)."""
         norm = self.algorithm.local_grad_norm.double()
         length = getattr(self.algorithm.optimizer, "last_step_length", None)
-        length = length.double() if length is not None else torch.tensor(math.nan, dtype=torch.float64)
+        length = length.double() if length is not None else torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         self._step_stats[0] += norm
         self._step_stats[1] += length
         group = self.algorithm.param_groups[0]
@@ -358,7 +361,7 @@ class Trainer:
         opt = self.algorithm.optimizer
         clipped = int(opt.clipped_steps)
         extra = [clipped - self._clipped_seen, self.time_compute, self.time_comm, int(opt.skipped_steps), self.algorithm.averager.nonfinite_rounds]
-        stats = torch.cat([self._interval, torch.tensor(extra, dtype=torch.float64), self._step_stats])
+        stats = torch.cat([self._interval.cpu(), torch.tensor(extra, dtype=torch.float64), self._step_stats.cpu()])
         self._clipped_seen = clipped
         self.comm.all_reduce([stats])  # metrics only: not part of the algorithm's traffic
         loss_sum, steps, _, clipped_sum, t_compute, t_comm, skipped, nonfinite_rounds, *step_stats = stats.tolist()
@@ -482,7 +485,7 @@ class Trainer:
         # The start of an epoch gets its own name: the last step of the previous epoch may
         # have a checkpoint of its own, a different state at the same step.
         name = f"step-{self.step}-epoch-{self.epoch}" if self._position == 0 and self.epoch > 0 else f"step-{self.step}"
-        self.run_folder.save_worker_checkpoint(self.state_dict(), name, self.rank)
+        self.run_folder.save_worker_checkpoint(devices.to_cpu(self.state_dict()), name, self.rank)
         self.comm.barrier()  # every rank's file exists before latest.json moves
         if self.rank == 0:
             self.run_folder.commit_checkpoint(
@@ -497,13 +500,13 @@ class Trainer:
         self.workload.load_state_dict(state["workload"])
         self.step = state["step"]
         self.best_val, self.bad_epochs = state["best_val"], state["bad_epochs"]
-        self.asgd_avg, self.asgd_count = state["asgd_avg"], state["asgd_count"]
+        self.asgd_avg, self.asgd_count = devices.move(state["asgd_avg"], self.device), state["asgd_count"]
         self.time_compute, self.time_comm = state["time_compute"], state["time_comm"]
         self._interval.copy_(state["interval"])
         self._clipped_seen = state["clipped_seen"]
         # Checkpoints written before these statistics existed: count them from here.
         self._step_stats.copy_(state.get("step_stats", torch.zeros_like(self._step_stats)))
-        self._move_from = state.get("move_from")
+        self._move_from = devices.move(state.get("move_from"), self.device)
         self._path.copy_(state.get("path", torch.zeros_like(self._path)))
         self.generator.set_state(state["rng"])
         self._position = self.workload_position()
