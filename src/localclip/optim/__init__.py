@@ -7,8 +7,8 @@ algorithms built on it. :data:`INNER_OPTIMIZERS` names the local updates a confi
 
 from localclip.optim.clipped_adamw import ClippedAdamW
 from localclip.optim.clipped_sgd import CLIP_MODES, ClippedSGD, clipped_sgd, grad_norm
-from localclip.optim.schedule import GammaFollowsLR
+from localclip.optim.schedule import GammaFollowsLR, StepDecay
 
 INNER_OPTIMIZERS = ("clipped_sgd", "adamw")
 
-__all__ = ["CLIP_MODES", "INNER_OPTIMIZERS", "ClippedAdamW", "ClippedSGD", "GammaFollowsLR", "clipped_sgd", "grad_norm"]
+__all__ = ["CLIP_MODES", "INNER_OPTIMIZERS", "ClippedAdamW", "ClippedSGD", "GammaFollowsLR", "StepDecay", "clipped_sgd", "grad_norm"]

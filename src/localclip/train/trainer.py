@@ -1,7 +1,12 @@
 """The training loop: one worker's run, the same under every runtime.
 
-:meth:`Trainer.train` owns the schedule (epochs, evaluation, logging, checkpoints, stopping);
-:meth:`Trainer.train_step` owns one step (forward, backward, the algorithm's step). Every worker
+:meth:`Trainer.train` owns the loop (epochs, evaluation, logging, checkpoints, stopping);
+:meth:`Trainer.train_step` owns one step (forward, backward, the algorithm's step). What the loop
+only calls has its own owner: the algorithm (:func:`localclip.algorithms.build_algorithm`, which
+also says how often it communicates), the step decay of lr and γ
+(:class:`~localclip.optim.StepDecay`), the NT-ASGD-like average
+(:class:`~localclip.train.asgd.EpochAverage`), the device (:mod:`localclip.devices`) and the run
+folder (:class:`~localclip.train.run_folder.RunFolder`). Every worker
 runs the same code; rank 0 alone writes the run folder. Metrics that need all workers (mean
 training loss, clip fraction) are summed with one small all-reduce at log steps, which every
 worker reaches at the same step.
@@ -43,6 +48,8 @@ from localclip.comm import current
 from localclip.errors import ConfigError, Interrupted, NonFiniteError, RunFolderError
 from localclip.provenance import code_version
 from localclip.train.config import TrainConfig
+from localclip.optim import StepDecay
+from localclip.train.asgd import EpochAverage
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
 
@@ -83,11 +90,10 @@ class Trainer:
         self.progress = progress and self.rank == 0
         self.step = 0
         self.epoch = 0
-        self.best_val = math.inf
         self.diverged_at: int | None = None  # the step whose validation found the model diverged
-        self.bad_epochs = 0
-        self.asgd_avg: list[torch.Tensor] | None = None
-        self.asgd_count = 0
+        # Owners of what the loop only calls: the step decay and the NT-ASGD-like average.
+        self.step_size = StepDecay(self.algorithm, config.lr, config.gamma, config.lr_decay_epochs, config.lr_decay)
+        self.epoch_average = EpochAverage(self.model, config.asgd_patience)
         self.time_compute = 0.0
         self.time_comm = 0.0
         # loss sum, steps; the third slot is unused but stays so that checkpoints keep their shape
@@ -120,12 +126,7 @@ class Trainer:
     # -- one step ------------------------------------------------------------------------------
 
     def _set_step_size(self, scale: float) -> None:
-        decays = sum(1 for e in self.config.lr_decay_epochs if self.epoch >= e)
-        factor = scale * self.config.lr_decay**decays
-        for group in self.algorithm.param_groups:
-            group["lr"] = self.config.lr * factor
-            if "gamma" in group:  # AdamW's max_grad_norm bounds a norm, not a step: it stays
-                group["gamma"] = self.config.gamma * factor
+        self.step_size.apply(self.epoch, scale)
 
     def train_step(self, batch, scale: float = 1.0, sample_mean_gradient: bool = False) -> torch.Tensor:
         """One local step: forward, backward, and the algorithm's step (which may communicate).
@@ -399,42 +400,23 @@ class Trainer:
         result = self._log_eval(splits=("valid",))
         if self.config.asgd_patience == 0 or self.workload.metric != "ppl":
             return
-        val = result["val/ppl"]
-        if val < self.best_val:
-            self.best_val, self.bad_epochs = val, 0
-        else:
-            self.bad_epochs += 1
-        if self.asgd_avg is not None or self.bad_epochs >= self.config.asgd_patience:
-            params = [p.detach() for p in self.model.parameters()]
-            if self.asgd_avg is None:
-                self.asgd_avg = [p.clone() for p in params]
-                self.asgd_count = 1
-            else:
-                self.asgd_count += 1
-                for a, p in zip(self.asgd_avg, params):
-                    a.add_(p - a, alpha=1.0 / self.asgd_count)
+        self.epoch_average.end_of_epoch(result["val/ppl"])
 
     def _evaluate(self, split: str) -> dict:
         """Evaluate once per (step, split): the final evaluation reuses the end-of-epoch one."""
-        key = (self.step, self.workload.split_name(split), self.asgd_count)
+        key = (self.step, self.workload.split_name(split), self.epoch_average.count)
         if key not in self._eval_cache:
             self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split)}
         return self._eval_cache[key]
 
     def _log_eval(self, splits, final: bool = False) -> dict:
         moved = self._movement()
-        swapped = self._swap_in_asgd_average()
-        try:
+        with self.epoch_average.swapped_in():
             result = {}
             for split in splits:
                 prefix = "val" if split == "valid" else "test"
                 for k, v in self._evaluate(split).items():
                     result[f"{prefix}/{k}"] = v
-        finally:
-            if swapped is not None:
-                with torch.no_grad():
-                    for p, raw in zip(self.model.parameters(), swapped):
-                        p.copy_(raw)
         if self.run is not None:
             record = {"step": self.step, "epoch": self._epoch_progress(), **result, **moved, "comm/rounds": self.algorithm.rounds, "comm/bytes": self.algorithm.bytes_communicated}
             if final:
@@ -443,15 +425,6 @@ class Trainer:
         if self.config.stop_on_divergence and self.diverged_at is None and _diverged(result):
             self.diverged_at = self.step
         return result
-
-    def _swap_in_asgd_average(self):
-        if self.asgd_avg is None:
-            return None
-        raw = [p.detach().clone() for p in self.model.parameters()]
-        with torch.no_grad():
-            for p, a in zip(self.model.parameters(), self.asgd_avg):
-                p.copy_(a)
-        return raw
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -463,10 +436,7 @@ class Trainer:
             "algorithm": self.algorithm.state_dict(),
             "workload": self.workload.state_dict(),
             "rng": self.generator.get_state(),
-            "best_val": self.best_val,
-            "bad_epochs": self.bad_epochs,
-            "asgd_avg": self.asgd_avg,
-            "asgd_count": self.asgd_count,
+            **self.epoch_average.state_dict(),
             "time_compute": self.time_compute,
             "time_comm": self.time_comm,
             "interval": self._interval.clone(),
@@ -499,8 +469,7 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.workload.load_state_dict(state["workload"])
         self.step = state["step"]
-        self.best_val, self.bad_epochs = state["best_val"], state["bad_epochs"]
-        self.asgd_avg, self.asgd_count = devices.move(state["asgd_avg"], self.device), state["asgd_count"]
+        self.epoch_average.load_state_dict(state, self.device)
         self.time_compute, self.time_comm = state["time_compute"], state["time_comm"]
         self._interval.copy_(state["interval"])
         self._clipped_seen = state["clipped_seen"]
