@@ -139,7 +139,9 @@ def probe_run(
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"Invalid steps: {steps!r} (expected an integer >= 1)")
     try:
-        config = config_from_dict(json.loads(run.config_path.read_text()))
+        saved = json.loads(run.config_path.read_text())
+        saved.pop("provenance", None)  # the code version the run recorded, not a config field
+        config = config_from_dict(saved)
     except json.JSONDecodeError as exc:
         raise RunFolderError(f"{run.config_path}: unreadable config ({exc})") from exc
     if config.task != "lm":
