@@ -15,7 +15,7 @@ from pathlib import Path
 
 from localclip.errors import Interrupted, LocalclipError
 
-__all__ = ["main"]
+__all__ = ["main", "train_config"]
 
 
 def _positive_int(flag):
@@ -45,6 +45,11 @@ def _positive_float(flag, allow_inf=False):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from localclip.algorithms import ALGORITHMS
+    from localclip.averaging import COMPRESSIONS
+    from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
+    from localclip.outer import OUTER_OPTIMIZERS
+
     parser = argparse.ArgumentParser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -52,18 +57,23 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("recipe", help="a recipe name (see `localclip recipes`)")
     train.add_argument("--workers", type=_positive_int("--workers"), help="number of workers N")
     train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group")
-    train.add_argument("--algorithm", choices=["celgc", "naive", "local-sgd", "single", "episode"])
+    train.add_argument("--algorithm", choices=list(ALGORITHMS), help="; ".join(f"{name}: {spec.summary}" for name, spec in ALGORITHMS.items())
+                       + " (default: the recipe's)")
     train.add_argument("--period", type=_positive_int("--period"), help="communication period I")
     train.add_argument("--epochs", type=_positive_float("--epochs"))
     train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker")
     train.add_argument("--lr", type=_positive_float("--lr"), help="step size η")
     train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help="clipping parameter γ (inf: no clipping)")
-    train.add_argument("--inner-optimizer", choices=["clipped_sgd", "adamw"], help="the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW)")
+    train.add_argument("--inner-optimizer", choices=list(INNER_OPTIMIZERS), help="the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW); "
+                       "the recipe's settings for it, else give --lr")
+    train.add_argument("--clip-mode", choices=list(CLIP_MODES), help="clipped_sgd: clip with the local gradient's norm (local, the paper's), the round's averaged one, the larger of the two (max), or not at all")
     train.add_argument("--seed", type=int)
-    train.add_argument("--outer-optimizer", help="none | sgd | nesterov: an outer step on the average at each round (DiLoCo)")
+    train.add_argument("--device", help="where each worker computes: auto (default: cuda where available, else cpu), cpu, cuda "
+                       "(each worker process its own GPU; simulated workers share one) or cuda:K")
+    train.add_argument("--outer-optimizer", choices=list(OUTER_OPTIMIZERS), help="an outer step on the average at each round (nesterov with adamw inside: DiLoCo)")
     train.add_argument("--outer-lr", type=float, help="outer step size (default 0.7)")
     train.add_argument("--outer-momentum", type=float, help="outer momentum in [0, 1) (default 0.9)")
-    train.add_argument("--compression", help="none | bf16 | fp16: send each round's change since the last round in 2 bytes")
+    train.add_argument("--compression", choices=list(COMPRESSIONS), help="send each round's change since the last round in 2 bytes (bf16, fp16) or float32 (none)")
     train.add_argument("--data-root", help="folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones")
     train.add_argument("--out", help="run folder (default: runs/RECIPE-ALGORITHM-nN-iI-sSEED)")
@@ -124,9 +134,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args) -> int:
-    from localclip.recipes import get_recipe
-    from localclip.train import apply_overrides, run_training
+def train_config(argv: list[str]):
+    """The resolved config that ``localclip train ARGV`` would run (raises ConfigError as it would)."""
+    return _train_config(_parser().parse_args(["train", *argv]))
+
+
+def _train_config(args):
+    from localclip import devices
+    from localclip.algorithms import build as algorithms
+    from localclip.errors import ConfigError
+    from localclip.recipes import for_inner_optimizer, get_recipe
+    from localclip.train import apply_overrides
 
     config = get_recipe(args.recipe)
     flags = {
@@ -134,7 +152,7 @@ def _train(args) -> int:
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "compression": args.compression,
-        "inner_optimizer": args.inner_optimizer,
+        "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     if args.loggers:
@@ -142,11 +160,27 @@ def _train(args) -> int:
     if args.allow_custom_corpus:
         config = dataclasses.replace(config, allow_custom_corpus=True)
     config = apply_overrides(config, args.overrides)
+    # What the user set, as against the recipe's own values.
+    explicit = {k for k, v in flags.items() if v is not None} | {item.partition("=")[0].strip() for item in args.overrides}
+    config.resolved()  # each value checked on its own first
+    config = for_inner_optimizer(args.recipe, config, explicit)
     resolved = config.resolved()
+    # A value the user gave that the algorithm would replace is refused, not silently dropped.
+    problem = algorithms.overridden(config, explicit)
+    if problem:
+        raise ConfigError(problem)
+    devices.check_available(resolved.device)
+    return resolved
+
+
+def _train(args) -> int:
+    from localclip.train import run_training
+
+    resolved = _train_config(args)
     if resolved.task == "lm" and args.runtime != "torchrun":
         _ensure_corpus(resolved)
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
-    summary = run_training(config, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
+    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
     if summary is not None:
         keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
         print(f"finished {out}: " + "  ".join(f"{k}={summary[k]:.6g}" if isinstance(summary[k], float) else f"{k}={summary[k]}" for k in keys))

@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from localclip.algorithms import ALGORITHMS
 from localclip.errors import DataError, LocalclipError
 
 __all__ = ["load_run", "modelled_seconds", "plot_runs"]
@@ -44,7 +45,8 @@ def load_run(folder: str | Path) -> dict:
         raise PlotError(f"{folder} has no training records yet")
     algo = config.get("algorithm", "?")
     label = f"{algo} N={config.get('workers', '?')}"
-    if algo in ("celgc", "local-sgd", "episode"):
+    spec = ALGORITHMS.get(algo)
+    if spec is not None and spec.averages_models:
         label += f" I={config.get('period', '?')}"
     if config.get("heterogeneous"):
         label += " hetero"
