@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -152,17 +153,17 @@ def worker(repeats: int, warmup: int, phases: bool, threads: int):
     compressed = {c: PeriodicAverager(build(rank), period=1, group=comm, compression=c) for c in ("bf16", "fp16")}
     compressed["bf16 chunked"] = PeriodicAverager(build(rank), period=1, group=comm, compression="bf16", chunk_bytes=8 << 20)
     ops = dict(zip(TABLES["plain"], (
-        lambda: dist.all_reduce(flat), averager.average, before,
+        lambda: dist.all_reduce(flat), functools.partial(averager.average, force=True), before,
         lambda: torch.distributed.algorithms.model_averaging.utils.average_parameters(iter(params_iii), group),
         lambda: per_tensor_average(params_iv, world),
     )))
     result = {"numel": n, "threads": torch.get_num_threads(), "times": {}}
     result["times"]["plain"] = _slowest(_interleave(ops, repeats, warmup))
-    ops = dict(zip(TABLES["outer"], (lambda: dist.all_reduce(flat), outer["(v)"].average, outer["(vi)"].average,
-                                     outer["(vii)"].average, outer["(v')"].average)))
+    ops = dict(zip(TABLES["outer"], (lambda: dist.all_reduce(flat), functools.partial(outer["(v)"].average, force=True), functools.partial(outer["(vi)"].average, force=True),
+                                     functools.partial(outer["(vii)"].average, force=True), functools.partial(outer["(v')"].average, force=True))))
     result["times"]["outer"] = _slowest(_interleave(ops, repeats, warmup))
-    ops = dict(zip(TABLES["compressed"], (averager.average, compressed["bf16"].average, compressed["fp16"].average,
-                                          lambda: dist.all_reduce(flat_bf16), compressed["bf16 chunked"].average)))
+    ops = dict(zip(TABLES["compressed"], (functools.partial(averager.average, force=True), functools.partial(compressed["bf16"].average, force=True), functools.partial(compressed["fp16"].average, force=True),
+                                          lambda: dist.all_reduce(flat_bf16), functools.partial(compressed["bf16 chunked"].average, force=True))))
     result["times"]["compressed"] = _slowest(_interleave(ops, repeats, warmup))
     result["bytes"] = {"none": averager.bytes_communicated / max(1, averager.rounds),
                        "bf16": compressed["bf16"].bytes_communicated / max(1, compressed["bf16"].rounds)}
@@ -219,7 +220,7 @@ def _check_chunkings(averagers) -> dict:
             flats[name].copy_(start)
             if case != "all finite" and avg.comm.rank == 1:
                 flats[name][12345] = math.nan
-            avg.average()
+            avg.average(force=True)
             results[name] = flats[name].clone()
         ref = next(iter(results.values()))
         for name, r in list(results.items())[1:]:
@@ -234,7 +235,7 @@ def _check_chunkings(averagers) -> dict:
 
 def _profile_chunks(averagers, flat, repeats, warmup):
     ops = {BASELINE: lambda: dist.all_reduce(flat)}
-    ops.update({f"(ii) average(), {name}": avg.average for name, avg in averagers.items()})
+    ops.update({f"(ii) average(), {name}": functools.partial(avg.average, force=True) for name, avg in averagers.items()})
     return _slowest(_interleave(ops, repeats, warmup))
 
 

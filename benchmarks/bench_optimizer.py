@@ -34,6 +34,7 @@ decays by ``min(lr, gamma/||g||)*wd*x`` (the documented difference of ``ClippedS
     PYTHONPATH=src python benchmarks/bench_optimizer.py            # ~1 min quiet, ~2.5 min loaded (2 cores)
     PYTHONPATH=src python benchmarks/bench_optimizer.py --threads 1  # steadier on a busy machine
     PYTHONPATH=src python benchmarks/bench_optimizer.py --quick    # a smoke run
+    PYTHONPATH=src python benchmarks/bench_optimizer.py --device cuda  # on a GPU (synchronised timing)
 """
 
 from __future__ import annotations
@@ -59,9 +60,17 @@ LR, GAMMA, WD = 30.0, 7.5, 1.2e-6
 TOL = 1e-5
 
 
+DEVICE = torch.device("cpu")
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def make_problem(seed: int = 0):
     torch.manual_seed(seed)
-    model = AWDLSTM(10000)
+    model = AWDLSTM(10000).to(DEVICE)
     params = [p for p in model.parameters() if p.requires_grad]
     n = sum(p.numel() for p in params)
     # Gradient norm ~1, so gamma / (lr * ||g||) ~ 0.25: clipped, but not to nothing.
@@ -116,7 +125,7 @@ def norm_part(params, momentum=0.0, wd=WD):
 
 def update_part(params, momentum=0.0, wd=WD):
     # What ClippedSGD's fused path calls once it has the step size (a 0-dim tensor).
-    step_size, found_inf = torch.tensor(0.25), torch.zeros(())
+    step_size, found_inf = torch.tensor(0.25, device=DEVICE), torch.zeros((), device=DEVICE)
     return lambda: torch._fused_sgd_(
         params, [p.grad for p in params], [], weight_decay=wd, momentum=0.0, lr=step_size, dampening=0.0,
         nesterov=False, maximize=False, is_first_step=False, found_inf=found_inf)
@@ -243,8 +252,10 @@ def bench(variants, params, grads, repeats, warmup, **kw):
         order = names[r % len(names):] + names[: r % len(names)]
         for n in order:
             set_grads(params, grads)  # outside the timed region, before every variant alike
+            sync()
             t0 = time.perf_counter()
             steps[n]()
+            sync()
             dt = time.perf_counter() - t0
             if r >= warmup:
                 times[n].append(dt)
@@ -270,7 +281,7 @@ def memory_costs(numel: int, repeats: int = 12) -> dict:
     ``numel`` floats, against writing a freshly allocated buffer of that size (the page faults
     of first touch). Torch's pair allocates one such buffer per step (``g + wd*x``), the fused
     path none; how much that costs varies a lot between machines and kernels."""
-    x, y = torch.randn(numel), torch.randn(numel)
+    x, y = torch.randn(numel, device=DEVICE), torch.randn(numel, device=DEVICE)
     ops = {
         "in-place pass over the parameters, x.add_(g)": lambda: x.add_(y, alpha=1e-9),
         "same into a fresh buffer, torch.add(x, g)": lambda: torch.add(x, y, alpha=1e-9),
@@ -278,8 +289,10 @@ def memory_costs(numel: int, repeats: int = 12) -> dict:
     times = {k: [] for k in ops}
     for r in range(repeats + 2):
         for k, f in ops.items():
+            sync()
             t0 = time.perf_counter()
             f()
+            sync()
             if r >= 2:
                 times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
@@ -292,7 +305,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="5 timed rounds, 1 warm-up")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:K]")
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.quick:
         args.repeats, args.warmup = 5, 1
     if args.threads:
@@ -301,7 +317,8 @@ def main(argv=None):
     model, params, grads = make_problem()
     n = sum(p.numel() for p in params)
     print(f"bench_optimizer  {datetime.date.today()}  torch {torch.__version__}  {platform.machine()} "
-          f"cpus={os.cpu_count()} threads={torch.get_num_threads()}  load avg {os.getloadavg()[0]:.2f}")
+          f"cpus={os.cpu_count()} threads={torch.get_num_threads()}  load avg {os.getloadavg()[0]:.2f}  device {DEVICE}"
+          + (f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""))
     print(f"AWDLSTM(10000): {n:,} parameters in {len(params)} tensors; lr={LR} gamma={GAMMA} wd={WD}; "
           f"{args.repeats} timed rounds, interleaved")
     ok = True

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import logging
 import os
 import platform
@@ -80,7 +81,7 @@ def worker(lighthouses: list, repeats: int, warmup: int, threads: int):
     outer_opt = torch.optim.SGD(m2.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     man2, store2 = manager(m2, inner, "diloco", lighthouses[1])
     diloco = DiLoCo(man2, [m2], inner, outer_opt, sync_every=1, pin_memory=False).__enter__()
-    ops = dict(zip(NAMES, (lambda: dist.all_reduce(flat), averager.average, outer.average, local_sgd.sync, inner.step)))
+    ops = dict(zip(NAMES, (lambda: dist.all_reduce(flat), functools.partial(averager.average, force=True), functools.partial(outer.average, force=True), local_sgd.sync, inner.step)))
     times = _slowest(_interleave(ops, repeats, warmup))
     for m in (man1, man2):
         m.shutdown(wait=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from localclip.errors import Interrupted, LocalclipError
 
-__all__ = ["EXIT_DIVERGED", "EXIT_STATUSES", "main"]
+__all__ = ["EXIT_DIVERGED", "EXIT_STATUSES", "main", "train_config"]
 
 #: ``localclip train``'s exit status for a run that ended with a diverged model.
 EXIT_DIVERGED = 3
@@ -61,6 +61,10 @@ def _positive_float(flag, allow_inf=False):
 def _parser() -> argparse.ArgumentParser:
     from localclip import __version__
     from localclip.experiments.plans import SWEEPS
+    from localclip.algorithms import ALGORITHMS
+    from localclip.averaging import COMPRESSIONS
+    from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
+    from localclip.outer import OUTER_OPTIMIZERS
 
     parser = argparse.ArgumentParser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
     parser.add_argument("--version", action="version", version=f"localclip {__version__}")
@@ -72,21 +76,24 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("recipe", help="a recipe name (see `localclip recipes`)")
     train.add_argument("--workers", type=_positive_int("--workers"), help=f"number of workers N {recipe_default}")
     train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group")
-    train.add_argument("--algorithm", choices=["celgc", "naive", "local-sgd", "single", "episode"],
-                       help="celgc: clipped local steps, models averaged every --period; naive: gradients averaged every step, then clipped; "
-                            f"local-sgd: celgc without clipping; single: one worker; episode: EPISODE's corrected local steps {recipe_default}")
+    train.add_argument("--algorithm", choices=list(ALGORITHMS), help="; ".join(f"{name}: {spec.summary}" for name, spec in ALGORITHMS.items())
+                       + f" {recipe_default}")
     train.add_argument("--period", type=_positive_int("--period"), help=f"communication period I {recipe_default}")
     train.add_argument("--epochs", type=_positive_float("--epochs"), help=f"passes over the training data {recipe_default}")
     train.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop after K local steps per worker (default: no limit but --epochs)")
     train.add_argument("--lr", type=_positive_float("--lr"), help=f"step size η {recipe_default}")
     train.add_argument("--gamma", type=_positive_float("--gamma", allow_inf=True), help=f"clipping parameter γ, inf: no clipping {recipe_default}")
-    train.add_argument("--inner-optimizer", choices=["clipped_sgd", "adamw"],
-                       help=f"the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW) {recipe_default}")
+    train.add_argument("--inner-optimizer", choices=list(INNER_OPTIMIZERS), help="the local update: clipped_sgd (CELGC's) or adamw (clip to max_grad_norm, then AdamW); "
+                       f"the recipe's settings for it, else give --lr {recipe_default}")
+    train.add_argument("--clip-mode", choices=list(CLIP_MODES), help="clipped_sgd: clip with the local gradient's norm (local, the paper's), the round's averaged one, "
+                       f"the larger of the two (max), or not at all {recipe_default}")
     train.add_argument("--seed", type=int, help=f"the run's seed: initial weights, data order, dropout {recipe_default}")
-    train.add_argument("--outer-optimizer", help="none | sgd | nesterov: an outer step on the average at each round, DiLoCo (default: none)")
+    train.add_argument("--device", help="where each worker computes: auto (default: cuda where available, else cpu), cpu, cuda "
+                       "(each worker process its own GPU; simulated workers share one) or cuda:K")
+    train.add_argument("--outer-optimizer", choices=list(OUTER_OPTIMIZERS), help="an outer step on the average at each round (nesterov with adamw inside: DiLoCo) (default: none)")
     train.add_argument("--outer-lr", type=float, help="outer step size (default 0.7)")
     train.add_argument("--outer-momentum", type=float, help="outer momentum in [0, 1) (default 0.9)")
-    train.add_argument("--compression", help="none | bf16 | fp16: send each round's change since the last round in 2 bytes (default: none)")
+    train.add_argument("--compression", choices=list(COMPRESSIONS), help="send each round's change since the last round in 2 bytes (bf16, fp16) or float32 (none) (default: none)")
     train.add_argument("--data-root", help="an existing folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data, "
                                            "where a missing PTB or WikiText-2 is downloaded on first use)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones (default: refuse them)")
@@ -158,9 +165,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args) -> int:
-    from localclip.recipes import get_recipe
-    from localclip.train import apply_overrides, run_training
+def train_config(argv: list[str]):
+    """The resolved config that ``localclip train ARGV`` would run (raises ConfigError as it would)."""
+    return _train_config(_parser().parse_args(["train", *argv]))
+
+
+def _train_config(args):
+    from localclip import devices
+    from localclip.algorithms import build as algorithms
+    from localclip.errors import ConfigError
+    from localclip.recipes import for_inner_optimizer, get_recipe
+    from localclip.train import apply_overrides
 
     config = get_recipe(args.recipe)
     flags = {
@@ -168,7 +183,7 @@ def _train(args) -> int:
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "compression": args.compression,
-        "inner_optimizer": args.inner_optimizer,
+        "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     if args.loggers:
@@ -176,7 +191,23 @@ def _train(args) -> int:
     if args.allow_custom_corpus:
         config = dataclasses.replace(config, allow_custom_corpus=True)
     config = apply_overrides(config, args.overrides)
+    # What the user set, as against the recipe's own values.
+    explicit = {k for k, v in flags.items() if v is not None} | {item.partition("=")[0].strip() for item in args.overrides}
+    config.resolved()  # each value checked on its own first
+    config = for_inner_optimizer(args.recipe, config, explicit)
     resolved = config.resolved()
+    # A value the user gave that the algorithm would replace is refused, not silently dropped.
+    problem = algorithms.overridden(config, explicit)
+    if problem:
+        raise ConfigError(problem)
+    devices.check_available(resolved.device)
+    return resolved
+
+
+def _train(args) -> int:
+    from localclip.train import run_training
+
+    resolved = _train_config(args)
     if resolved.task == "lm" and args.runtime != "torchrun":
         _ensure_corpus(resolved)
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
@@ -186,7 +217,7 @@ def _train(args) -> int:
     if "tensorboard" in (args.loggers or []) and importlib.util.find_spec("tensorboard") is None and rank0:
         print("localclip: note: tensorboard is not installed, so no RUN/tensorboard events "
               "(pip install 'localclip[tensorboard]'); metrics.jsonl holds every record", file=sys.stderr)
-    summary = run_training(config, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
+    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
     if summary is None:
         return 0
     keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]

@@ -9,6 +9,9 @@ installed (:func:`localclip.comm.current` returns it), and returns the results b
   in a temporary folder (no ports), the CPU threads split between them;
 * ``torchrun`` — this process is one worker of a group that ``torchrun`` set up (``env://``),
   gloo or NCCL, one or many nodes.
+
+With ``backend="nccl"`` each worker process is pinned to one GPU (``LOCAL_RANK``, or its rank
+under spawn, modulo the GPUs present) before the group is made (see :mod:`localclip.devices`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ def _spawned_worker(rank, world_size, store, result_dir, threads, timeout, backe
     from localclip.comm import distributed
 
     torch.set_num_threads(threads)
+    if backend == "nccl":  # one GPU per worker process
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     comm = None
     try:
         # The parent passes SIGTERM/SIGINT on (and says so); each worker stops at an agreement point.
@@ -197,6 +202,8 @@ def torchrun(fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT, backend: str
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ConfigError("--runtime torchrun: RANK/WORLD_SIZE are not set; start this command with torchrun")
     # torchrun passes SIGTERM/SIGINT on to every worker; rank 0 alone says what happens next.
+    if backend == "nccl":  # one GPU per worker process of this node
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     with interrupt.catch(announce=os.environ["RANK"] == "0"):
         comm = distributed.init(backend=backend, timeout=timeout)  # installs this process's communicator
         try:

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from localclip import jsonio
+from localclip.algorithms import ALGORITHMS
 from localclip.errors import DataError, LocalclipError
 
 __all__ = ["load_run", "modelled_seconds", "plot_runs"]
@@ -70,7 +71,8 @@ def load_run(folder: str | Path) -> dict:
                                                           for k, v in e.items() if k.startswith("val/"))), None)
     algo = config.get("algorithm", "?")
     label = f"{algo} N={config.get('workers', '?')}"
-    if algo in ("celgc", "local-sgd", "episode"):
+    spec = ALGORITHMS.get(algo)
+    if spec is not None and spec.averages_models:
         label += f" I={config.get('period', '?')}"
     if config.get("heterogeneous"):
         label += " hetero"

@@ -54,9 +54,10 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-def worker_generator(seed: int, rank: int, purpose: str = "dropout") -> torch.Generator:
-    """A CPU generator for worker ``rank``, the same in every runtime for the same arguments."""
-    return torch.Generator().manual_seed(derive_seed(purpose, int(seed), int(rank)))
+def worker_generator(seed: int, rank: int, purpose: str = "dropout", device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on ``device`` (where the masks it draws live) for worker ``rank``, the same in
+    every runtime for the same arguments."""
+    return torch.Generator(device=device).manual_seed(derive_seed(purpose, int(seed), int(rank)))
 
 
 def set_generator(module: nn.Module, generator: torch.Generator | None) -> nn.Module:

@@ -9,12 +9,15 @@
 * local SGD without clipping is ``CELGC(..., gamma=math.inf)``; a single machine is any of them
   with a world of one.
 
-:mod:`.base` holds what they share (the optimizer facade, counters, checkpoints).
+:mod:`.base` holds what they share (the optimizer facade, counters, checkpoints);
+:mod:`.build` is the one place that turns a config's names into one of them
+(:data:`~.build.ALGORITHMS`, :func:`~.build.build_algorithm`).
 """
 
 from localclip.algorithms.base import DistributedAlgorithm
 from localclip.algorithms.celgc import CELGC
 from localclip.algorithms.episode import EPISODE
 from localclip.algorithms.naive import NaiveParallelClipping
+from localclip.algorithms.build import ALGORITHMS, build_algorithm, compose
 
-__all__ = ["CELGC", "DistributedAlgorithm", "EPISODE", "NaiveParallelClipping"]
+__all__ = ["ALGORITHMS", "build_algorithm", "compose", "CELGC", "DistributedAlgorithm", "EPISODE", "NaiveParallelClipping"]

@@ -4,7 +4,8 @@
 with a :class:`~localclip.averaging.PeriodicAverager`, exposes the inner optimizer's
 ``param_groups`` (so PyTorch's lr schedulers drive it unchanged), counts the communication the
 algorithm adds beyond the averager, and checkpoints both. The algorithms themselves live one per
-module beside this one (:mod:`.celgc`, :mod:`.naive`).
+module beside this one (:mod:`.celgc`, :mod:`.naive`, :mod:`.episode`); :mod:`.build` turns a
+config into one of them.
 """
 
 from __future__ import annotations
@@ -33,20 +34,23 @@ class DistributedAlgorithm(torch.optim.Optimizer):
     comm: Communicator
 
     def _compose(self, module: nn.Module, period: int, group, averager_options: dict, **optimizer_options) -> None:
-        """Build the ClippedSGD over ``module``'s trainable parameters and its averager."""
-        self.comm = group if group is not None else current()
+        """Build the ClippedSGD over ``module``'s trainable parameters, then :meth:`_setup`."""
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
-        self._attach(module, ClippedSGD(params, **optimizer_options), period, averager_options)
+        self._setup(module, ClippedSGD(params, **optimizer_options), period, group, averager_options)
 
     # Naive parallel clipping averages gradients every step: its averager's period is always 1.
     _fixed_period: int | None = None
 
-    def _attach(self, module: nn.Module, optimizer: torch.optim.Optimizer, period: int, averager_options: dict) -> None:
-        # The averager re-homes the parameters into flat buffers; the optimizer holds the same
-        # Parameter objects, so it follows.
-        self.averager = PeriodicAverager(module, period, group=self.comm, optimizer=optimizer, **averager_options)
+    def _setup(self, module: nn.Module, optimizer: torch.optim.Optimizer, period: int, group, averager_options: dict) -> None:
+        """Everything both constructors share; subclasses add their own state after it.
+
+        The averager re-homes the parameters into flat buffers; the optimizer holds the same
+        Parameter objects, so it follows.
+        """
+        self.comm = group if group is not None else current()
+        self.averager = PeriodicAverager(module, self._fixed_period or period, group=self.comm, optimizer=optimizer, **averager_options)
         self._init_facade(optimizer)
 
     @classmethod
@@ -58,19 +62,28 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         the clipping: ``CELGC.from_optimizer(model, ClippedAdamW(..., max_grad_norm=1.0), 8)`` is
         CELGC with a clipped AdamW step, local AdamW with ``max_grad_norm=inf``.
         ``NaiveParallelClipping.from_optimizer`` averages the gradients before it (``period``
-        is ignored). Statistics the optimizer does not keep (``clip_fraction``) are unavailable.
+        is ignored: it communicates every step). Statistics the optimizer does not keep (``clip_fraction``) are unavailable.
         """
-        self = cls.__new__(cls)
-        self.comm = group if group is not None else current()
         trainable = {id(p) for p in module.parameters() if p.requires_grad}
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if not trainable:
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
         if held != trainable:
             raise ValueError(f"Invalid optimizer: it must hold exactly the module's {len(trainable)} trainable parameters (it holds {len(held)}, {len(held & trainable)} of them the module's)")
-        self._attach(module, optimizer, cls._fixed_period or period, averager_options)
-        self._round_started = True
+        self = cls.__new__(cls)
+        self._setup(module, optimizer, period, group, averager_options)
         return self
+
+    # -- the schedule --------------------------------------------------------------------------
+
+    @property
+    def period(self) -> int:
+        """Local steps between two communications (1: every step)."""
+        return self.averager.period
+
+    def communicates(self, step: int) -> bool:
+        """Whether the ``step``-th call of :meth:`step` (1-based) communicates (with more than one worker)."""
+        return self.comm.world_size > 1 and self.averager.is_sync_step(step)
 
     def _init_facade(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer

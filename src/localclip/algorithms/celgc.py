@@ -57,11 +57,10 @@ class CELGC(DistributedAlgorithm):
             module, period, group, averager_options, lr=lr, gamma=gamma, momentum=momentum, dampening=dampening,
             weight_decay=weight_decay, nesterov=nesterov, clip_mode=clip_mode, foreach=foreach, fused=fused,
         )
-        self._round_started = True  # iteration 0 starts a round (everyone holds rank 0's model)
 
-    @property
-    def period(self) -> int:
-        return self.averager.period
+    def _setup(self, *args) -> None:
+        super()._setup(*args)
+        self._round_started = True  # iteration 0 starts a round (everyone holds rank 0's model)
 
     @torch.no_grad()
     def _refresh_reference_norm(self) -> None:

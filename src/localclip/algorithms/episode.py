@@ -1,4 +1,4 @@
-r"""EPISODE (Crawshaw, Bao, Liu, ICLR 2023; ALGORITHM.md §8): local clipped steps corrected
+r"""EPISODE (Crawshaw, Bao, Liu, ICLR 2023): local clipped steps corrected
 towards the global gradient, for heterogeneous data, where CELGC's local steps drift apart."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from torch import nn
 
 from localclip.algorithms.base import DistributedAlgorithm
 from localclip.comm import Communicator
+from localclip.optim import ClippedAdamW, ClippedSGD, grad_norm
 
 __all__ = ["EPISODE"]
 
@@ -49,6 +50,16 @@ class EPISODE(DistributedAlgorithm):
     the first round is such a round and the run diverges in it, as local SGD at η = 20 does
     (docs/results.md, "Beyond the paper").
 
+    With a :class:`~localclip.optim.ClippedAdamW` as the local update
+    (:meth:`from_optimizer`), the corrected gradient :math:`g'` is what AdamW receives, and the
+    round's one decision compares :math:`\|G\|` with ``max_grad_norm`` :math:`c`: in a clipping
+    round :math:`g'` is scaled to norm :math:`c` before the AdamW step (the counterpart of the
+    step length :math:`\gamma`), otherwise AdamW takes :math:`g'` as it is; AdamW's own
+    per-step clipping is off in both.
+
+    Communication: the per-round gradient all-reduce is float32 whatever the averager's
+    ``compression``, so with bf16 rounds EPISODE sends 3/4 of its float32 bytes, not 1/2.
+
     Args: as :class:`~localclip.algorithms.CELGC`; ``clip_mode`` must be ``"local"`` (EPISODE
     has its own clip rule, which replaces the clip modes).
     """
@@ -70,15 +81,23 @@ class EPISODE(DistributedAlgorithm):
         group: Communicator | None = None,
         **averager_options,
     ):
-        if clip_mode != "local":
-            raise ValueError(
-                f"Invalid clip_mode for EPISODE: {clip_mode!r} (EPISODE decides clipping once per round from "
-                "the norm of the mean gradient; only its own rule, clip_mode='local', applies)"
-            )
         self._compose(
             module, period, group, averager_options, lr=lr, gamma=gamma, momentum=momentum, dampening=dampening,
-            weight_decay=weight_decay, nesterov=nesterov, clip_mode="local", foreach=foreach, fused=fused,
+            weight_decay=weight_decay, nesterov=nesterov, clip_mode=clip_mode, foreach=foreach, fused=fused,
         )
+
+    def _setup(self, module, optimizer, period, group, averager_options) -> None:
+        if not isinstance(optimizer, (ClippedSGD, ClippedAdamW)):
+            raise ValueError(
+                f"Invalid optimizer for EPISODE: {type(optimizer).__name__} (EPISODE decides the clipping itself, "
+                "once per round: it needs a ClippedSGD or a ClippedAdamW)"
+            )
+        if optimizer.clip_mode != "local":
+            raise ValueError(
+                f"Invalid clip_mode for EPISODE: {optimizer.clip_mode!r} (EPISODE decides clipping once per round from "
+                "the norm of the mean gradient; only its own rule, clip_mode='local', applies)"
+            )
+        super()._setup(module, optimizer, period, group, averager_options)
         params = [p for g in self.param_groups for p in g["params"]]
         self._correction = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         self._views = {}
@@ -88,10 +107,6 @@ class EPISODE(DistributedAlgorithm):
             offset += p.numel()
         self._clip = [False] * len(self.param_groups)  # this round's decision, per parameter group
         self._round_started = True  # iteration 0 starts a round (everyone holds rank 0's model)
-
-    @property
-    def period(self) -> int:
-        return self.averager.period
 
     @torch.no_grad()
     def _start_round(self) -> None:
@@ -104,7 +119,10 @@ class EPISODE(DistributedAlgorithm):
             self._views[p].copy_(p.grad)
         self._reduce_mean([flat], "EPISODE gradient all-reduce")
         norm = float(torch.linalg.vector_norm(flat))  # once per round: a host read is fine
-        self._clip = [norm * g["lr"] > g["gamma"] for g in self.param_groups]
+        if isinstance(self.optimizer, ClippedAdamW):
+            self._clip = [norm > g["max_grad_norm"] for g in self.param_groups]
+        else:
+            self._clip = [norm * g["lr"] > g["gamma"] for g in self.param_groups]
         for p in with_grad:
             self._views[p].sub_(p.grad)  # G − G_i
 
@@ -120,6 +138,14 @@ class EPISODE(DistributedAlgorithm):
                 for p in g["params"]:
                     if p.grad is not None:
                         p.grad.add_(self._views[p])  # g' = g − G_i + G
+        if isinstance(self.optimizer, ClippedAdamW):
+            self._adamw_step()
+        else:
+            self._sgd_step()
+        self._round_started = self.averager.step()
+        return loss
+
+    def _sgd_step(self) -> None:
         saved = [(g["lr"], g["gamma"]) for g in self.param_groups]
         for g, clip in zip(self.param_groups, self._clip):
             if clip:
@@ -131,8 +157,25 @@ class EPISODE(DistributedAlgorithm):
         finally:
             for g, (lr, gamma) in zip(self.param_groups, saved):
                 g["lr"], g["gamma"] = lr, gamma
-        self._round_started = self.averager.step()
-        return loss
+
+    @torch.no_grad()
+    def _adamw_step(self) -> None:
+        """AdamW on g' scaled to norm c in a clipping round, on g' itself otherwise."""
+        saved = [g["max_grad_norm"] for g in self.param_groups]
+        if self._clip[0]:  # one norm over all groups, so one decision
+            grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+            norm = grad_norm(grads)
+            # A zero g' stays zero; a non-finite one stays non-finite, so AdamW skips the step.
+            scale = torch.where(norm > 0, saved[0] / norm, torch.ones_like(norm))
+            torch._foreach_mul_(grads, scale)
+            self.optimizer._clipped_steps += 1
+        for g in self.param_groups:
+            g["max_grad_norm"] = math.inf
+        try:
+            self.optimizer.step()
+        finally:
+            for g, limit in zip(self.param_groups, saved):
+                g["max_grad_norm"] = limit
 
     def state_dict(self) -> dict:
         return {

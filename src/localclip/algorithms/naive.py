@@ -40,15 +40,23 @@ class NaiveParallelClipping(DistributedAlgorithm):
         group: Communicator | None = None,
         **averager_options,
     ):
-        for key, off in (("compression", "none"), ("outer_optimizer", None)):
-            if averager_options.get(key, off) != off:
-                raise ValueError(f"Invalid {key}={averager_options[key]!r} for naive parallel clipping: it averages gradients, not models")
         # Period 1, but the averager only serves the initial broadcast and the explicit
         # end-of-epoch average(): step() never calls it.
         self._compose(
             module, 1, group, averager_options, lr=lr, gamma=gamma, momentum=momentum, dampening=dampening,
             weight_decay=weight_decay, nesterov=nesterov, clip_mode="local", foreach=foreach, fused=fused,
         )
+
+    def _setup(self, module, optimizer, period, group, averager_options) -> None:
+        for key, off in (("compression", "none"), ("outer_optimizer", None), ("participants", None)):
+            if averager_options.get(key, off) != off:
+                raise ValueError(f"Invalid {key}={averager_options[key]!r} for naive parallel clipping: it averages gradients, not models")
+        if getattr(optimizer, "clip_mode", "local") != "local":
+            raise ValueError(
+                f"Invalid clip_mode={optimizer.clip_mode!r} for naive parallel clipping: it clips the averaged "
+                "gradient, which every worker shares (clip_mode='local'; gamma=inf for no clipping)"
+            )
+        super()._setup(module, optimizer, period, group, averager_options)
 
     @torch.no_grad()
     def step(self, closure=None):

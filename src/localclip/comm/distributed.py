@@ -164,7 +164,21 @@ class ProcessGroupCommunicator(Communicator):
         while self._phasing:
             self._phasing.pop(0).join()
 
+    def _staged(self, tensors, collective, then=None) -> None:
+        """NCCL reduces GPU tensors only: CPU ones (control flags, metrics, evaluation sums)
+        travel through copies on this process's GPU and are copied back."""
+        device = torch.device("cuda", torch.cuda.current_device())
+        staged = [t if t.is_cuda else t.to(device) for t in tensors]
+        collective(staged)
+        for t, s in zip(tensors, staged):
+            if s is not t:
+                t.copy_(s)
+            if then is not None:
+                then(t)
+
     def _all_reduce(self, tensors, op, then):
+        if self._backend == "nccl" and not all(t.is_cuda for t in tensors):
+            return self._staged(tensors, lambda staged: self._all_reduce(staged, op, None), then)
         self._settle()
         if op == "sum" and self.world_size > 2 and self._backend == "gloo":
             return self._rank_ordered_sum(tensors, then)
@@ -241,6 +255,8 @@ class ProcessGroupCommunicator(Communicator):
         return Pending(self, what, wait=wait, poll=work.is_completed)
 
     def _broadcast(self, tensors, src):
+        if self._backend == "nccl" and not all(t.is_cuda for t in tensors):
+            return self._staged(tensors, lambda staged: self._broadcast(staged, src))
         self._settle()
         src_global = dist.get_global_rank(self.group, src) if self.group is not None else src
         try:

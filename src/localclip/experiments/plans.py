@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 
 from localclip.errors import LocalclipError
 from localclip.recipes import get_recipe
-from localclip.train.config import PERIODIC_ALGORITHMS, TrainConfig
+from localclip.algorithms.build import communication_period
+from localclip.train.config import TrainConfig
 
 __all__ = ["SWEEPS", "Plan", "SweepError", "SweepFailed", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "select", "sweep"]
 
@@ -96,7 +97,7 @@ def _sized(cfg: TrainConfig, recipe: str, evals_per_epoch: int) -> TrainConfig:
     """
     resolved = cfg.resolved()
     per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.workers)
-    period = resolved.period if resolved.algorithm in PERIODIC_ALGORITHMS and resolved.workers > 1 else 1
+    period = communication_period(resolved) or 1
     every = max(period, round(per_worker / evals_per_epoch / period) * period)
     return dataclasses.replace(cfg, eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH), threads=1)
 

@@ -24,12 +24,13 @@ import math
 import os
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 from localclip import jsonio
+from localclip.algorithms.build import ALGORITHMS
 from localclip.errors import LocalclipError
 from localclip.experiments import mechanism
 from localclip.experiments.plans import SWEEPS, SweepError, plan
-from localclip.train.config import PERIODIC_ALGORITHMS
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
@@ -91,6 +92,14 @@ def _load_finished(folder: Path) -> dict:
     return {"summary": summary, "config": config, "train": train, "val": [r for r in records if any(k.startswith("val/") for k in r)]}
 
 
+def _period(config: dict) -> int | None:
+    """The communication period a run's config.json describes (None: one worker, no rounds)."""
+    spec = ALGORITHMS.get(config.get("algorithm"))
+    if spec is None:
+        return None
+    return spec.period(SimpleNamespace(workers=config.get("workers", 1), period=config.get("period")))
+
+
 def _row(run: str, data: dict) -> dict:
     s, c = data["summary"], data["config"]
     metric = "ppl" if "val/ppl" in s else "acc"
@@ -102,7 +111,7 @@ def _row(run: str, data: dict) -> dict:
         "run": run,
         "algorithm": algorithm,
         "N": c.get("workers"),
-        "I": c.get("period") if algorithm in PERIODIC_ALGORITHMS and c.get("workers", 1) > 1 else (1 if algorithm == "naive" else None),
+        "I": _period(c),
         "epochs": s.get("epochs"),
         "steps": s.get("steps"),
         **diverged,

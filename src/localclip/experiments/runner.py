@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from localclip import jsonio
+from localclip.algorithms.build import communication_period
 from localclip.errors import Interrupted, LocalclipError
 from localclip.experiments.plans import Plan, SweepError, SweepFailed, plan, select
 from localclip.train import run_training
@@ -380,7 +381,8 @@ def _epochs_note(run: RunFolder, cfg: TrainConfig) -> str:
 
 def _short(cfg: TrainConfig) -> str:
     r = cfg.resolved()
-    period = "" if r.algorithm == "single" else f" I={1 if r.algorithm == 'naive' else r.period}"
+    every = communication_period(r)
+    period = "" if every is None else f" I={every}"
     text = f"{r.algorithm} N={r.workers}{period} η={r.lr:g} γ={r.gamma:g} epochs={r.epochs:g}"
     if r.lr_decay_epochs:
         text += f" decay×{r.lr_decay:.3g}@{r.lr_decay_epochs[0]}..{r.lr_decay_epochs[-1]}"

@@ -29,19 +29,22 @@ from __future__ import annotations
 from torch import nn
 from torch.optim import Optimizer
 
-from localclip.algorithms import CELGC, DistributedAlgorithm, NaiveParallelClipping
+from localclip.algorithms import ALGORITHMS, DistributedAlgorithm, compose
 from localclip.comm import current
 from localclip.errors import ConfigError
 
 __all__ = ["prepare"]
 
 _SUPPORTED = ("NO", "MULTI_CPU", "MULTI_GPU")
+# The algorithms that can wrap the user's own optimizer: the others fix a hyperparameter of the
+# local update (local-sgd: no clipping) or the world (single: one worker), which belong to the user here.
+_WRAPPABLE = tuple(name for name, spec in ALGORITHMS.items() if set(spec.fixed) <= {"period"})
 
 
 def prepare(accelerator, model: nn.Module, optimizer: Optimizer, *objects, period: int = 8, algorithm: str = "celgc",
             **averager_options):
     """``(model, algorithm, *objects)``: the model on ``accelerator.device`` (not wrapped), the
-    localclip ``algorithm`` (``"celgc"`` or ``"naive"``) around ``optimizer``, and every other
+    localclip ``algorithm`` (``"celgc"``, ``"naive"`` or ``"episode"``) around ``optimizer``, and every other
     object (data loaders, schedulers) through ``accelerator.prepare``.
 
     ``optimizer`` must have been built over ``model``'s parameters. ``averager_options`` go to
@@ -53,14 +56,13 @@ def prepare(accelerator, model: nn.Module, optimizer: Optimizer, *objects, perio
         raise ConfigError(f"localclip's Accelerate integration supports {', '.join(_SUPPORTED)} (plain data parallel), not {kind}")
     if getattr(accelerator, "scaler", None) is not None:
         raise ConfigError("fp16 loss scaling is not supported with CELGC's clipped steps; use mixed_precision='bf16' or 'no'")
-    if algorithm not in ("celgc", "naive"):
-        raise ConfigError(f"Invalid algorithm: {algorithm!r} (expected celgc or naive)")
+    if algorithm not in _WRAPPABLE:
+        raise ConfigError(f"Invalid algorithm: {algorithm!r} (expected one of {', '.join(_WRAPPABLE)})")
     if isinstance(optimizer, DistributedAlgorithm):
         raise ConfigError("pass the inner optimizer (e.g. ClippedSGD); prepare builds the algorithm around it")
     # Moving a module keeps its Parameter objects, so the optimizer built before still holds them.
     model = model.to(accelerator.device)
-    cls = NaiveParallelClipping if algorithm == "naive" else CELGC
-    alg = cls.from_optimizer(model, optimizer, period, group=current(), **averager_options)
+    alg = compose(algorithm, model, optimizer, period, group=current(), **averager_options)
     prepared = accelerator.prepare(*objects) if objects else ()
     if len(objects) == 1:
         prepared = (prepared,)

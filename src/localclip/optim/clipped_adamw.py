@@ -146,4 +146,4 @@ class ClippedAdamW(ClipStatistics, torch.optim.AdamW):
             self._steps = int(clip["steps"])
             self._clipped_steps.copy_(clip["clipped_steps"])
             self._skipped_steps.copy_(clip["skipped_steps"])
-            self._last_grad_norm = clip["last_grad_norm"].clone()
+            self._last_grad_norm = clip["last_grad_norm"].to(self._clipped_steps.device, copy=True)

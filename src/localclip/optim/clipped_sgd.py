@@ -1,7 +1,7 @@
-r"""Clipped SGD: the local update rule of CELGC (ALGORITHM.md §2).
+r"""Clipped SGD: the local update rule of CELGC (docs/algorithm.md).
 
 The optimizer owns the update and nothing else: no communication happens here. The algorithms in
-:mod:`localclip.algorithm` hand it a reference norm when a global clip mode needs one.
+:mod:`localclip.algorithms` hand it a reference norm when a global clip mode needs one.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
             self._steps = int(clip["steps"])
             self._clipped_steps.copy_(clip["clipped_steps"])
             self._skipped_steps.copy_(clip["skipped_steps"])
-            self._last_grad_norm = clip["last_grad_norm"].clone()
+            self._last_grad_norm = clip["last_grad_norm"].to(self._clipped_steps.device, copy=True)
             self.set_reference_norm(clip["reference_norm"])
 
 
@@ -277,7 +277,8 @@ def _momentum_direction_norm(group: dict, bufs: list) -> Tensor | float:
 
 def _step_length(lengths: list, found_inf: Tensor | None) -> Tensor:
     """The length of a step over all groups from each group's; 0 for a skipped step."""
-    length = torch.stack([torch.as_tensor(x, dtype=torch.float64) for x in lengths]).square().sum().sqrt()
+    device = next((x.device for x in lengths if isinstance(x, Tensor)), None)  # a float joins the tensors' device
+    length = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=device) for x in lengths]).square().sum().sqrt()
     return length if found_inf is None else torch.where(found_inf.bool(), torch.zeros_like(length), length)
 
 

@@ -1,4 +1,4 @@
-"""Schedules for the clipping parameter: keep γ tied to the learning rate.
+"""Schedules for the step size and the clipping parameter: keep γ tied to the learning rate.
 
 The paper's step decay multiplies lr and γ by the same factor, so the clip threshold on the
 gradient, γ/η, stays fixed. PyTorch's lr schedulers only know ``lr``; :class:`GammaFollowsLR`
@@ -11,7 +11,26 @@ import math
 
 import torch
 
-__all__ = ["GammaFollowsLR"]
+__all__ = ["GammaFollowsLR", "StepDecay"]
+
+
+class StepDecay:
+    """The paper's step decay: lr and γ both multiplied by ``factor`` at each epoch of
+    ``milestones``, and by a per-step ``scale`` (variable BPTT), computed from the base values
+    each time (no drift from repeated multiplication). Groups without a ``gamma`` (AdamW, whose
+    ``max_grad_norm`` bounds a norm, not a step) keep theirs."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr: float, gamma: float, milestones, factor: float):
+        self.optimizer, self.lr, self.gamma = optimizer, lr, gamma
+        self.milestones, self.factor = list(milestones), factor
+
+    def apply(self, epoch: int, scale: float = 1.0) -> None:
+        decays = sum(1 for e in self.milestones if epoch >= e)
+        factor = scale * self.factor**decays
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr * factor
+            if "gamma" in group:
+                group["gamma"] = self.gamma * factor
 
 
 class GammaFollowsLR:

@@ -1,8 +1,10 @@
 """Experiment recipes: plain functions returning a :class:`~localclip.train.config.TrainConfig`.
 
 Each recipe is documented by its docstring (its first line is what ``localclip recipes``
-prints); recipes derive from each other with ``dataclasses.replace``. The paper's settings are
-in ALGORITHM.md §4–5.
+prints); recipes derive from each other with ``dataclasses.replace``. A recipe's step size is
+for its own inner optimizer; a recipe may also carry settings for another one
+(``@recipe(name, adamw={...})``), which :func:`for_inner_optimizer` applies when the user
+switches to it. The paper's settings are in docs/algorithm.md.
 """
 
 from __future__ import annotations
@@ -14,20 +16,47 @@ from collections.abc import Callable
 from localclip.errors import ConfigError
 from localclip.train.config import TrainConfig
 
-__all__ = ["RECIPES", "converge_schedule", "get_recipe", "recipe"]
+__all__ = ["RECIPES", "converge_schedule", "for_inner_optimizer", "get_recipe", "recipe"]
 
 RECIPES: dict[str, Callable[[], TrainConfig]] = {}
+# recipe name -> inner optimizer -> the fields that optimizer needs (lr, betas, ...)
+INNER_SETTINGS: dict[str, dict[str, dict]] = {}
 
 # ptb-gpt-small's clipped-SGD step (chosen by the short lr scan in docs/results.md).
 LR_GPT_SMALL, GAMMA_GPT_SMALL = 3.0, 0.5
 
 
-def recipe(name: str):
+def recipe(name: str, **inner_settings: dict):
+    """Register a recipe; ``inner_settings`` maps another inner optimizer to its settings."""
+
     def register(fn):
         RECIPES[name] = fn
+        if inner_settings:
+            INNER_SETTINGS[name] = inner_settings
         return fn
 
     return register
+
+
+def for_inner_optimizer(name: str, config: TrainConfig, explicit: set[str]) -> TrainConfig:
+    """``config`` (recipe ``name`` with the user's changes, ``explicit`` the fields the user set)
+    with the recipe's settings for the chosen inner optimizer, where the user switched to another.
+
+    Refused when the recipe has no settings for it and the user gave no ``lr``: the recipe's step
+    size is for its own optimizer (clipped SGD's 3.0 diverges as an AdamW lr).
+    """
+    own = get_recipe(name)
+    if config.inner_optimizer == own.inner_optimizer:
+        return config
+    settings = INNER_SETTINGS.get(name, {}).get(config.inner_optimizer)
+    if settings is None:
+        if "lr" not in explicit:
+            raise ConfigError(
+                f"Invalid inner_optimizer={config.inner_optimizer!r} without lr: recipe {name}'s lr={own.lr!r} is for "
+                f"{own.inner_optimizer} and it has no {config.inner_optimizer} settings; give --lr"
+            )
+        return config
+    return dataclasses.replace(config, **{k: v for k, v in settings.items() if k not in explicit})
 
 
 def get_recipe(name: str) -> TrainConfig:
@@ -127,9 +156,10 @@ def wt2_awd() -> TrainConfig:
     )
 
 
-@recipe("ptb-gpt-small")
+# AdamW for ptb-gpt-small: nanoGPT's betas, decay and clip norm, with the step size of a model this small.
+@recipe("ptb-gpt-small", adamw=dict(lr=2e-3, betas=[0.9, 0.95], weight_decay=0.1, max_grad_norm=1.0, gamma=math.inf))
 def ptb_gpt_small() -> TrainConfig:
-    """PTB, 2-layer 128-wide GPT (1.7M params, context 64), 4 workers, I=8, clipped SGD: fits a 2-core CPU."""
+    """PTB, 2-layer 128-wide GPT (1.7M params, context 64), 4 workers, I=8, clipped SGD (or AdamW): fits a 2-core CPU."""
     return TrainConfig(
         task="lm", dataset="ptb", model="gpt",
         model_options=dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.1),

@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 from localclip.errors import ConfigError, LocalclipError, RunFolderError
+from localclip.algorithms import ALGORITHMS
 from localclip.provenance import code_version
-from localclip.train.config import ALGORITHMS, TrainConfig, apply_overrides, config_from_dict
+from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
 from localclip.train.workloads import check_data, check_model
@@ -33,22 +34,28 @@ def run_training(
     """
     from localclip import interrupt, launch
 
+    from localclip import devices
+
     config = config.resolved()
+    devices.check_available(config.device)
+    if config.device.startswith("cuda:") and runtime != "simulate" and config.workers > 1:
+        raise ConfigError(f"Invalid device: {config.device!r} with runtime={runtime} (each worker process takes its own GPU: use cuda or auto)")
     check_model(config)
     out = str(Path(out).resolve())
     config_json = run_config_json(config)
     if runtime not in launch.RUNTIMES:
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
     if runtime == "torchrun":
-        return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout)
+        return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
     _check_corpus(config)
     check_data(config)
     run = RunFolder(out)
     checkpoints = run.prepare(config_json, resume=resume)
     run.begin(config_json, resuming=bool(checkpoints))
+    backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
     try:
         with interrupt.catch():
-            results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout)
+            results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout, **backend)
     except BaseException:
         run.remove_created()  # a run that failed before its first record leaves no folder behind
         raise

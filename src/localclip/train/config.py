@@ -2,6 +2,9 @@
 
 Recipes (:mod:`localclip.recipes`) return a :class:`TrainConfig`; the CLI applies flags and
 ``--set KEY=VALUE`` overrides to it; the resolved config is written to ``config.json`` of the run.
+Each field's allowed values live in the module that implements the choice (clip modes in
+:mod:`localclip.optim`, compressions in :mod:`localclip.averaging`, ...); which combinations
+mean something, and what an algorithm fixes, is :mod:`localclip.algorithms.build`'s.
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from localclip.algorithms import build as algorithms
+from localclip import devices
+from localclip.averaging import COMPRESSIONS, OPTIMIZER_STATE_MODES
 from localclip.errors import ConfigError
+from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
+from localclip.outer import OUTER_OPTIMIZERS
 
-__all__ = ["TrainConfig", "ALGORITHMS", "INNER_OPTIMIZERS", "PERIODIC_ALGORITHMS", "apply_overrides", "config_from_dict"]
-
-ALGORITHMS = ("celgc", "naive", "local-sgd", "single", "episode")
-PERIODIC_ALGORITHMS = ("celgc", "local-sgd", "episode")  # those that average models every period
-OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")  # as localclip.outer.OUTER_OPTIMIZERS
-COMPRESSIONS = ("none", "bf16", "fp16")  # as localclip.averaging.COMPRESSIONS
+__all__ = ["TrainConfig", "apply_overrides", "config_from_dict"]
 
 
 @dataclass
@@ -63,7 +66,7 @@ class TrainConfig:
     inner_optimizer: str = "clipped_sgd"
     """The local update: ``clipped_sgd`` (CELGC's, with ``lr``/``gamma``/``momentum``) or
     ``adamw`` (clip the local gradient's norm to ``max_grad_norm``, then an AdamW step with
-    ``lr``, ``betas``, ``weight_decay``); see :mod:`localclip.train.inner`."""
+    ``lr``, ``betas``, ``weight_decay``); see :mod:`localclip.algorithms.build`."""
     max_grad_norm: float = math.inf
     """``adamw``: the bound on the local gradient's norm (``inf``: no clipping)."""
     betas: list = field(default_factory=lambda: [0.9, 0.999])
@@ -146,6 +149,9 @@ class TrainConfig:
     """Sinks beside ``metrics.jsonl``: ``tensorboard`` (when installed), ``wandb`` (offline)."""
     data_root: str | None = None
     allow_custom_corpus: bool = False
+    device: str = "auto"
+    """Where each worker computes: ``cpu``, ``cuda`` (its process's GPU), ``cuda:K`` or ``auto``
+    (``cuda`` where available); see :mod:`localclip.devices`."""
     threads: int | None = None
     """Torch intra-op threads per process (default: the machine's cores, split among spawned
     workers)."""
@@ -156,8 +162,8 @@ class TrainConfig:
 
         if self.task not in ("lm", "image"):
             bad("task", "expected lm or image")
-        if self.algorithm not in ALGORITHMS:
-            bad("algorithm", f"expected one of {', '.join(ALGORITHMS)}")
+        if self.algorithm not in algorithms.ALGORITHMS:
+            bad("algorithm", f"expected one of {', '.join(algorithms.ALGORITHMS)}")
         for name in ("workers", "period", "batch_size", "bptt", "eval_batch_size", "test_batch_size", "log_interval", "checkpoint_interval", "keep_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -168,8 +174,8 @@ class TrainConfig:
             bad("lr", "must be a positive number")
         if not self.gamma > 0:
             bad("gamma", "must be > 0; inf disables clipping")
-        if self.clip_mode not in ("local", "global_average", "max", "none"):
-            bad("clip_mode", "expected local, global_average, max or none")
+        if self.clip_mode not in CLIP_MODES:
+            bad("clip_mode", f"expected one of {', '.join(CLIP_MODES)}")
         if not 0 <= self.momentum < 1:
             bad("momentum", "must be in [0, 1)")
         if not self.weight_decay >= 0:
@@ -195,10 +201,8 @@ class TrainConfig:
 
             block_size = self.model_options.get("block_size", GPTConfig.block_size)
             check_windows(block_size, variable=self.variable_bptt, bptt=self.bptt, eval_bptt=self.eval_bptt)
-        if self.optimizer_state not in ("local", "average", "reset"):
-            bad("optimizer_state", "expected local, average or reset")
-        if self.participants is not None and self.algorithm in ("naive", "single"):
-            bad("participants", f"partial participation applies to {', '.join(PERIODIC_ALGORITHMS)}, not {self.algorithm}")
+        if self.optimizer_state not in OPTIMIZER_STATE_MODES:
+            bad("optimizer_state", f"expected one of {', '.join(OPTIMIZER_STATE_MODES)}")
         if self.outer_optimizer not in OUTER_OPTIMIZERS:
             bad("outer_optimizer", f"expected one of {', '.join(OUTER_OPTIMIZERS)}")
         if isinstance(self.outer_lr, bool) or not isinstance(self.outer_lr, (int, float)) or not (self.outer_lr > 0 and math.isfinite(self.outer_lr)):
@@ -209,14 +213,6 @@ class TrainConfig:
             bad("outer_momentum", "outer_optimizer=nesterov needs outer_momentum > 0")
         if self.compression not in COMPRESSIONS:
             bad("compression", f"expected one of {', '.join(COMPRESSIONS)}")
-        for name, off in (("outer_optimizer", "none"), ("compression", "none")):
-            if getattr(self, name) != off and self.algorithm in ("naive", "single"):
-                bad(name, f"applies to the model-averaging algorithms ({', '.join(PERIODIC_ALGORITHMS)}), not {self.algorithm}")
-        if self.algorithm == "episode" and self.clip_mode != "local":
-            bad("clip_mode", "EPISODE has its own clip rule (one decision per round from the mean gradient's norm); use clip_mode=local")
-        if self.eval_interval and self.algorithm in PERIODIC_ALGORITHMS and self.eval_interval % self.period:
-            # Evaluations score the averaged model, which exists only at the end of a period.
-            bad("eval_interval", f"must be a multiple of period={self.period}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
             bad("threads", "must be an integer >= 1, or none for the default")
         if not isinstance(self.model_options, dict):
@@ -228,18 +224,17 @@ class TrainConfig:
             bad("lr_decay_epochs", f"must be in increasing order, e.g. {sorted(decays)}")
         if self.eval_interval < 0 or self.asgd_patience < 0:
             bad("eval_interval" if self.eval_interval < 0 else "asgd_patience", "must be >= 0")
+        devices.check(self.device)
+        algorithms.check(self, bad)
         return self
 
     def resolved(self) -> "TrainConfig":
-        """The config as it will run: ``single`` means one worker, ``local-sgd`` means γ = ∞."""
+        """The config as it will run, with the values its algorithm fixes written in
+        (``single``: one worker; ``naive``: period 1; ``local-sgd``: γ = ∞ and no AdamW
+        clipping; see :mod:`localclip.algorithms.build`)."""
         cfg = dataclasses.replace(self, model_options=dict(self.model_options), lr_decay_epochs=list(self.lr_decay_epochs), betas=list(self.betas), loggers=list(self.loggers))
-        if cfg.algorithm == "single":
-            cfg.workers = 1
-            cfg.participants = None
-        if cfg.algorithm == "local-sgd":
-            # Local SGD is the unclipped local update, whichever optimizer makes it.
-            cfg.gamma = math.inf
-            cfg.max_grad_norm = math.inf
+        if self.algorithm in algorithms.ALGORITHMS:
+            cfg = algorithms.resolve(cfg)
         return cfg.validate()
 
     def to_dict(self) -> dict:
@@ -252,9 +247,6 @@ class TrainConfig:
         return jsonio.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-INNER_OPTIMIZERS = ("clipped_sgd", "adamw")
-
-
 def _validate_inner_optimizer(cfg: TrainConfig, bad) -> None:
     if cfg.inner_optimizer not in INNER_OPTIMIZERS:
         bad("inner_optimizer", f"expected one of {', '.join(INNER_OPTIMIZERS)}")
@@ -262,11 +254,6 @@ def _validate_inner_optimizer(cfg: TrainConfig, bad) -> None:
         bad("max_grad_norm", "must be > 0; inf disables clipping")
     if not (isinstance(cfg.betas, (list, tuple)) and len(cfg.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.betas)):
         bad("betas", "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
-    if cfg.inner_optimizer == "adamw":
-        if cfg.momentum:
-            bad("momentum", "applies to clipped_sgd; AdamW's momentum is betas[0]")
-        if cfg.clip_mode != "local":
-            bad("clip_mode", "adamw clips each worker's own gradient (local); global modes need clipped_sgd")
 
 
 def _fields() -> dict[str, dataclasses.Field]:

@@ -40,7 +40,7 @@ __all__ = ["RESUME_MAY_CHANGE", "RunFolder", "atomic_write_text", "atomic_torch_
 #: (``provenance``, the code version, is recorded, not compared: a bit-identical refactor may resume).
 RESUME_MAY_CHANGE = frozenset({
     "provenance", "max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "keep_checkpoints", "loggers",
-    "stop_check_interval", "stop_on_divergence",
+    "stop_check_interval", "stop_on_divergence", "device",
 })
 
 

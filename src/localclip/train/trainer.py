@@ -1,7 +1,12 @@
 """The training loop: one worker's run, the same under every runtime.
 
-:meth:`Trainer.train` owns the schedule (epochs, evaluation, logging, checkpoints, stopping);
-:meth:`Trainer.train_step` owns one step (forward, backward, the algorithm's step). Every worker
+:meth:`Trainer.train` owns the loop (epochs, evaluation, logging, checkpoints, stopping);
+:meth:`Trainer.train_step` owns one step (forward, backward, the algorithm's step). What the loop
+only calls has its own owner: the algorithm (:func:`localclip.algorithms.build_algorithm`, which
+also says how often it communicates), the step decay of lr and γ
+(:class:`~localclip.optim.StepDecay`), the NT-ASGD-like average
+(:class:`~localclip.train.asgd.EpochAverage`), the device (:mod:`localclip.devices`) and the run
+folder (:class:`~localclip.train.run_folder.RunFolder`). Every worker
 runs the same code; rank 0 alone writes the run folder. Metrics that need all workers (mean
 training loss, clip fraction) are summed with one small all-reduce at log steps, which every
 worker reaches at the same step.
@@ -37,41 +42,18 @@ import time
 import torch
 
 from localclip import rng
-from localclip.algorithms import CELGC, EPISODE, NaiveParallelClipping
-from localclip.outer import OuterSGD
-from localclip import interrupt
+from localclip import devices, interrupt
+from localclip.algorithms import build_algorithm
 from localclip.comm import current
 from localclip.errors import ConfigError, Interrupted, NonFiniteError, RunFolderError
 from localclip.provenance import code_version
-from localclip.train.config import PERIODIC_ALGORITHMS, TrainConfig
-from localclip.train.inner import build_inner_algorithm
+from localclip.train.config import TrainConfig
+from localclip.optim import StepDecay
+from localclip.train.asgd import EpochAverage
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
 
-__all__ = ["Trainer", "run_worker", "build_algorithm", "state_hash"]
-
-
-def build_algorithm(config: TrainConfig, model: torch.nn.Module, comm):
-    if config.inner_optimizer != "clipped_sgd":
-        return build_inner_algorithm(
-            config, model, comm, average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
-            skip_nonfinite=config.on_nonfinite == "skip",
-        )
-    common = dict(
-        momentum=config.momentum, weight_decay=config.weight_decay, group=comm,
-        average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
-        skip_nonfinite=config.on_nonfinite == "skip",
-    )
-    if config.algorithm == "naive":
-        return NaiveParallelClipping(model, config.lr, config.gamma, **common)
-    outer = None
-    if config.outer_optimizer != "none":
-        outer = OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
-    return (EPISODE if config.algorithm == "episode" else CELGC)(
-        model, config.lr, config.gamma, config.period, clip_mode=config.clip_mode,
-        participants=config.participants, participation_seed=config.seed,
-        outer_optimizer=outer, compression=config.compression, **common,
-    )
+__all__ = ["Trainer", "run_worker", "state_hash"]
 
 
 def state_hash(model: torch.nn.Module) -> str:
@@ -96,37 +78,37 @@ class Trainer:
         # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
         self.run_folder = run_folder
         self.run = run_folder if self.rank == 0 else None
-        self.workload = make_workload(config, self.comm)
+        self.device = devices.resolve(config.device)
+        self.workload = make_workload(config, self.comm, self.device)
         self.model = self.workload.model
         self.model.train()
         self.algorithm = build_algorithm(config, self.model, self.comm)
         # The worker's own stream for everything random in its steps (dropout masks): seeded
         # from (seed, rank) alone, so no runtime or thread interleaving can change a draw.
-        self.generator = rng.worker_generator(config.seed, self.rank)
+        self.generator = rng.worker_generator(config.seed, self.rank, device=self.device)
         rng.set_generator(self.model, self.generator)
         self.progress = progress and self.rank == 0
         self.step = 0
         self.epoch = 0
-        self.best_val = math.inf
         self.diverged_at: int | None = None  # the step whose validation found the model diverged
         self._bar = None  # the progress bar (rank 0, with progress on)
-        self.bad_epochs = 0
-        self.asgd_avg: list[torch.Tensor] | None = None
-        self.asgd_count = 0
+        # Owners of what the loop only calls: the step decay and the NT-ASGD-like average.
+        self.step_size = StepDecay(self.algorithm, config.lr, config.gamma, config.lr_decay_epochs, config.lr_decay)
+        self.epoch_average = EpochAverage(self.model, config.asgd_patience)
         self.time_compute = 0.0
         self.time_comm = 0.0
         # loss sum, steps; the third slot is unused but stays so that checkpoints keep their shape
-        self._interval = torch.zeros(3, dtype=torch.float64)
+        self._interval = torch.zeros(3, dtype=torch.float64, device=self.device)
         self._clipped_seen = 0
         # Per interval, summed over this worker's steps: local gradient norm, local step length,
         # steps whose local gradient exceeds the clip norm, the sampled norm of the mean
         # gradient, and the number of such samples.
-        self._step_stats = torch.zeros(5, dtype=torch.float64)
+        self._step_stats = torch.zeros(5, dtype=torch.float64, device=self.device)
         self._probe_cost = (0.0, 0.0, 0.0)  # (clock, comm, waited) seconds of this step's sample
         # The model at the last evaluation (all workers hold the same one there) and the length
         # of the path this worker's local steps walked since.
         self._move_from: torch.Tensor | None = self._flat_params()
-        self._path = torch.zeros((), dtype=torch.float64)
+        self._path = torch.zeros((), dtype=torch.float64, device=self.device)
         self._resume_state = None
         self._eval_cache: dict = {}
         self._position, self._num_batches = 0, 1
@@ -134,7 +116,7 @@ class Trainer:
         # Agreement points for a stop request: where the algorithm communicates anyway, and at
         # least every stop_check_interval steps, so that a long period (I = 256 is minutes of
         # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
-        every = config.period if config.algorithm in PERIODIC_ALGORITHMS else 1
+        every = self.algorithm.period
         self._agree_every = min(every, config.stop_check_interval) if config.stop_check_interval else every
 
     def resume(self, state: dict) -> None:
@@ -145,12 +127,7 @@ class Trainer:
     # -- one step ------------------------------------------------------------------------------
 
     def _set_step_size(self, scale: float) -> None:
-        decays = sum(1 for e in self.config.lr_decay_epochs if self.epoch >= e)
-        factor = scale * self.config.lr_decay**decays
-        for group in self.algorithm.param_groups:
-            group["lr"] = self.config.lr * factor
-            if "gamma" in group:  # AdamW's max_grad_norm bounds a norm, not a step: it stays
-                group["gamma"] = self.config.gamma * factor
+        self.step_size.apply(self.epoch, scale)
 
     def train_step(self, batch, scale: float = 1.0, sample_mean_gradient: bool = False) -> torch.Tensor:
         """One local step: forward, backward, and the algorithm's step (which may communicate).
@@ -158,6 +135,8 @@ class Trainer:
         ``sample_mean_gradient``: before the step, all-reduce the workers' gradients to record
         the norm of their mean (every worker must pass the same value)."""
         self._set_step_size(scale)
+        if self.device.type != "cpu":
+            batch = devices.move(batch, self.device)
         objective, reported = self.workload.loss(batch)
         self.algorithm.zero_grad()
         objective.backward()
@@ -188,7 +167,7 @@ class Trainer:
         """Accumulate the step's statistics on the device (no host read)."""
         norm = self.algorithm.local_grad_norm.double()
         length = getattr(self.algorithm.optimizer, "last_step_length", None)
-        length = length.double() if length is not None else torch.tensor(math.nan, dtype=torch.float64)
+        length = length.double() if length is not None else torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         self._step_stats[0] += norm
         self._step_stats[1] += length
         group = self.algorithm.param_groups[0]
@@ -297,7 +276,7 @@ class Trainer:
             "time/comm": self.time_comm,
             "algorithm": cfg.algorithm,
             "workers": cfg.workers,
-            "period": cfg.period,
+            "period": self.algorithm.period,
             "provenance": code_version(),
         }
         summary.update(final)
@@ -389,7 +368,7 @@ class Trainer:
         opt = self.algorithm.optimizer
         clipped = int(opt.clipped_steps)
         extra = [clipped - self._clipped_seen, self.time_compute, self.time_comm, int(opt.skipped_steps), self.algorithm.averager.nonfinite_rounds]
-        stats = torch.cat([self._interval, torch.tensor(extra, dtype=torch.float64), self._step_stats])
+        stats = torch.cat([self._interval.cpu(), torch.tensor(extra, dtype=torch.float64), self._step_stats.cpu()])
         self._clipped_seen = clipped
         self.comm.all_reduce([stats])  # metrics only: not part of the algorithm's traffic
         loss_sum, steps, _, clipped_sum, t_compute, t_comm, skipped, nonfinite_rounds, *step_stats = stats.tolist()
@@ -427,42 +406,23 @@ class Trainer:
         result = self._log_eval(splits=("valid",))
         if self.config.asgd_patience == 0 or self.workload.metric != "ppl":
             return
-        val = result["val/ppl"]
-        if val < self.best_val:
-            self.best_val, self.bad_epochs = val, 0
-        else:
-            self.bad_epochs += 1
-        if self.asgd_avg is not None or self.bad_epochs >= self.config.asgd_patience:
-            params = [p.detach() for p in self.model.parameters()]
-            if self.asgd_avg is None:
-                self.asgd_avg = [p.clone() for p in params]
-                self.asgd_count = 1
-            else:
-                self.asgd_count += 1
-                for a, p in zip(self.asgd_avg, params):
-                    a.add_(p - a, alpha=1.0 / self.asgd_count)
+        self.epoch_average.end_of_epoch(result["val/ppl"])
 
     def _evaluate(self, split: str) -> dict:
         """Evaluate once per (step, split): the final evaluation reuses the end-of-epoch one."""
-        key = (self.step, self.workload.split_name(split), self.asgd_count)
+        key = (self.step, self.workload.split_name(split), self.epoch_average.count)
         if key not in self._eval_cache:
             self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split)}
         return self._eval_cache[key]
 
     def _log_eval(self, splits, final: bool = False) -> dict:
         moved = self._movement()
-        swapped = self._swap_in_asgd_average()
-        try:
+        with self.epoch_average.swapped_in():
             result = {}
             for split in splits:
                 prefix = "val" if split == "valid" else "test"
                 for k, v in self._evaluate(split).items():
                     result[f"{prefix}/{k}"] = v
-        finally:
-            if swapped is not None:
-                with torch.no_grad():
-                    for p, raw in zip(self.model.parameters(), swapped):
-                        p.copy_(raw)
         if self.run is not None:
             record = {"step": self.step, "epoch": self._epoch_progress(), **result, **moved, "comm/rounds": self.algorithm.rounds, "comm/bytes": self.algorithm.bytes_communicated}
             if final:
@@ -471,15 +431,6 @@ class Trainer:
         if self.config.stop_on_divergence and self.diverged_at is None and _diverged(result):
             self.diverged_at = self.step
         return result
-
-    def _swap_in_asgd_average(self):
-        if self.asgd_avg is None:
-            return None
-        raw = [p.detach().clone() for p in self.model.parameters()]
-        with torch.no_grad():
-            for p, a in zip(self.model.parameters(), self.asgd_avg):
-                p.copy_(a)
-        return raw
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -491,10 +442,7 @@ class Trainer:
             "algorithm": self.algorithm.state_dict(),
             "workload": self.workload.state_dict(),
             "rng": self.generator.get_state(),
-            "best_val": self.best_val,
-            "bad_epochs": self.bad_epochs,
-            "asgd_avg": self.asgd_avg,
-            "asgd_count": self.asgd_count,
+            **self.epoch_average.state_dict(),
             "time_compute": self.time_compute,
             "time_comm": self.time_comm,
             "interval": self._interval.clone(),
@@ -513,7 +461,7 @@ class Trainer:
         # The start of an epoch gets its own name: the last step of the previous epoch may
         # have a checkpoint of its own, a different state at the same step.
         name = f"step-{self.step}-epoch-{self.epoch}" if self._position == 0 and self.epoch > 0 else f"step-{self.step}"
-        self.run_folder.save_worker_checkpoint(self.state_dict(), name, self.rank)
+        self.run_folder.save_worker_checkpoint(devices.to_cpu(self.state_dict()), name, self.rank)
         self.comm.barrier()  # every rank's file exists before latest.json moves
         if self.rank == 0:
             self.run_folder.commit_checkpoint(
@@ -527,14 +475,13 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.workload.load_state_dict(state["workload"])
         self.step = state["step"]
-        self.best_val, self.bad_epochs = state["best_val"], state["bad_epochs"]
-        self.asgd_avg, self.asgd_count = state["asgd_avg"], state["asgd_count"]
+        self.epoch_average.load_state_dict(state, self.device)
         self.time_compute, self.time_comm = state["time_compute"], state["time_comm"]
         self._interval.copy_(state["interval"])
         self._clipped_seen = state["clipped_seen"]
         # Checkpoints written before these statistics existed: count them from here.
         self._step_stats.copy_(state.get("step_stats", torch.zeros_like(self._step_stats)))
-        self._move_from = state.get("move_from")
+        self._move_from = devices.move(state.get("move_from"), self.device)
         self._path.copy_(state.get("path", torch.zeros_like(self._path)))
         self.generator.set_state(state["rng"])
         self._position = self.workload_position()

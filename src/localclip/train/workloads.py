@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from localclip import data, rng
+from localclip import data, devices, rng
 from localclip.comm import Communicator
 from localclip.errors import ConfigError, DataError
 from localclip.models import GPT, ar_tar_penalty, build_model, check_model_options, detach_hidden
@@ -54,10 +54,11 @@ def check_data(config: TrainConfig) -> None:
             raise DataError("CIFAR-10 needs torchvision: `pip install torchvision` (or use Fashion-MNIST).")
 
 
-def make_workload(config: TrainConfig, comm: Communicator):
+def make_workload(config: TrainConfig, comm: Communicator, device: torch.device | str = "cpu"):
+    """The workload of ``config``, its model on ``device`` (the batches move there in the trainer)."""
     if config.task == "lm":
-        return LMWorkload(config, comm)
-    return ImageWorkload(config, comm)
+        return LMWorkload(config, comm, device)
+    return ImageWorkload(config, comm, device)
 
 
 class LMWorkload:
@@ -65,8 +66,8 @@ class LMWorkload:
 
     metric = "ppl"
 
-    def __init__(self, config: TrainConfig, comm: Communicator):
-        self.config, self.comm = config, comm
+    def __init__(self, config: TrainConfig, comm: Communicator, device: torch.device | str = "cpu"):
+        self.config, self.comm, self.device = config, comm, torch.device(device)
         if config.dataset not in data.CORPORA:
             raise ConfigError(f"Invalid dataset for the lm task: {config.dataset!r} (expected one of {', '.join(data.CORPORA)})")
         # Workers do not warn about a custom corpus: the launcher says it once (run_training).
@@ -78,6 +79,7 @@ class LMWorkload:
         # The same x0 on every worker: initial weights come from the run's seed alone.
         with rng.seeded(config.seed):
             self.model = build_model(name, ntoken=self.ntokens, **config.model_options)
+        self.model.to(self.device)
         if isinstance(self.model, GPT):
             check_windows(self.model.block_size, variable=config.variable_bptt, bptt=config.bptt, eval_bptt=config.eval_bptt)
         self.schedule = data.BPTTSchedule(config.bptt, seed=config.seed, variable=config.variable_bptt)
@@ -121,7 +123,7 @@ class LMWorkload:
 
     def load_state_dict(self, state: dict) -> None:
         self.stream.load_state_dict(state["stream"])
-        self.hidden = state["hidden"]
+        self.hidden = devices.move(state["hidden"], self.device)
 
     # -- evaluation ----------------------------------------------------------------------------
 
@@ -142,9 +144,11 @@ class LMWorkload:
             hidden = self.model.init_hidden(columns.size(1))
             for i in range(0, columns.size(0) - 1, bptt):
                 x, y = data.get_batch(columns, i, bptt)
+                if self.device.type != "cpu":
+                    x, y = x.to(self.device), y.to(self.device)
                 out = self.model(x, hidden)
                 hidden = out.hidden
-                total[0] += F.cross_entropy(out.logits.reshape(-1, self.ntokens), y.reshape(-1), reduction="sum").double()
+                total[0] += F.cross_entropy(out.logits.reshape(-1, self.ntokens), y.reshape(-1), reduction="sum").double().to(total.device)
                 total[1] += y.numel()
             self.model.train(was_training)
         self.comm.all_reduce([total])
@@ -159,8 +163,8 @@ class ImageWorkload:
 
     metric = "acc"
 
-    def __init__(self, config: TrainConfig, comm: Communicator):
-        self.config, self.comm = config, comm
+    def __init__(self, config: TrainConfig, comm: Communicator, device: torch.device | str = "cpu"):
+        self.config, self.comm, self.device = config, comm, torch.device(device)
         if config.dataset == "fashion-mnist":
             splits = data.load_fashion_mnist(config.data_root)
         elif config.dataset == "cifar10":
@@ -173,6 +177,7 @@ class ImageWorkload:
         channels = self.train_set.images.shape[1]
         with rng.seeded(config.seed):
             self.model = build_model(config.model, num_classes=10, in_channels=channels, **config.model_options)
+        self.model.to(self.device)
         indices = None
         if config.heterogeneous:
             parts = data.label_skew_partition(self.train_set.labels, comm.world_size, config.similarity, config.seed)
@@ -215,9 +220,11 @@ class ImageWorkload:
         self.model.eval()
         for chunk in idx.split(500):
             x, y = self.test_set.batch(chunk)
+            if self.device.type != "cpu":
+                x, y = x.to(self.device), y.to(self.device)
             logits = self.model(x)
-            total[0] += F.cross_entropy(logits, y, reduction="sum").double()
-            total[1] += (logits.argmax(1) == y).sum()
+            total[0] += F.cross_entropy(logits, y, reduction="sum").double().to(total.device)
+            total[1] += (logits.argmax(1) == y).sum().to(total.device)
             total[2] += y.numel()
         self.model.train(was_training)
         self.comm.all_reduce([total])

@@ -1,0 +1,212 @@
+"""From a config to an algorithm: the one place that maps the names of a run's choices to objects.
+
+A run is three independent choices, each implemented (and its allowed values kept) where it lives:
+
+* the local update: ``inner_optimizer`` (:data:`localclip.optim.INNER_OPTIMIZERS`), built by
+  :func:`local_update`;
+* the communication schedule: ``algorithm`` (:data:`ALGORITHMS`, below): gradients every step
+  (``naive``), models every ``period`` steps (``celgc``, ``local-sgd``), EPISODE's rounds, or
+  none (``single``);
+* what a round does with the average: ``outer_optimizer`` (:data:`localclip.outer.OUTER_OPTIMIZERS`,
+  built by :func:`outer_optimizer`), ``compression`` (:data:`localclip.averaging.COMPRESSIONS`, applied by the averager)
+  and ``participants``.
+
+:func:`build_algorithm` composes them through the algorithms' public constructor
+(:meth:`~localclip.algorithms.DistributedAlgorithm.from_optimizer`), so that a config and the
+same composition written by hand with the library give the same bits. :func:`check` refuses the
+combinations that would mean nothing (each message names both fields), and :func:`resolve`
+writes into a config the values its algorithm fixes (``naive``: period 1; ``single``: one
+worker; ``local-sgd``: no clipping), so that ``config.json`` and the summary say what ran.
+Everything else that asks about an algorithm by name (the trainer, the sweeps, the report, the
+runner, the Accelerate integration) asks :data:`ALGORITHMS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from localclip.algorithms.base import DistributedAlgorithm
+from localclip.algorithms.celgc import CELGC
+from localclip.algorithms.episode import EPISODE
+from localclip.algorithms.naive import NaiveParallelClipping
+from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW, ClippedSGD
+from localclip.outer import OUTER_OPTIMIZERS, OuterSGD
+
+__all__ = [
+    "ALGORITHMS", "AlgorithmSpec", "adamw_param_groups", "build_algorithm", "check", "communication_period", "compose",
+    "local_update", "outer_optimizer", "overridden", "resolve", "spec",
+]
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """What a config's ``algorithm`` name stands for.
+
+    Attributes:
+        name: the config's name.
+        cls: the :class:`DistributedAlgorithm` that runs it.
+        summary: one line for ``--help``.
+        averages_models: whether a round averages the models (then a round's options, outer
+            optimizer, compression and participants, apply).
+        fixed: config fields the algorithm fixes, with their value and why (``resolve`` writes
+            them; a user who sets another value explicitly is refused).
+        clip_modes: the ``clip_mode`` values that mean something for it.
+    """
+
+    name: str
+    cls: type[DistributedAlgorithm]
+    summary: str
+    averages_models: bool
+    fixed: dict = field(default_factory=dict)
+    clip_modes: tuple = ("local",)
+
+    def period(self, config) -> int | None:
+        """Local steps between two communications of a run with ``config``; None: it never
+        communicates (one worker)."""
+        if config.workers == 1 or "workers" in self.fixed:
+            return None
+        return self.fixed["period"][0] if "period" in self.fixed else config.period
+
+
+_UNCLIPPED = "local SGD does not clip"
+ALGORITHMS: dict[str, AlgorithmSpec] = {
+    spec.name: spec
+    for spec in (
+        AlgorithmSpec("celgc", CELGC, "clipped local steps, models averaged every period (CELGC)", True, clip_modes=CLIP_MODES),
+        AlgorithmSpec(
+            "naive", NaiveParallelClipping, "gradients averaged every step, then clipped", False,
+            fixed={"period": (1, "naive parallel clipping communicates every step")},
+        ),
+        AlgorithmSpec(
+            "local-sgd", CELGC, "local steps without clipping, models averaged every period", True,
+            fixed={"gamma": (math.inf, _UNCLIPPED), "max_grad_norm": (math.inf, _UNCLIPPED)},
+        ),
+        AlgorithmSpec(
+            "single", CELGC, "one worker, no communication", False,
+            fixed={"workers": (1, "single trains one worker"), "period": (1, "single never communicates"),
+                   "participants": (None, "single trains one worker")},
+            clip_modes=("local", "none"),
+        ),
+        AlgorithmSpec("episode", EPISODE, "CELGC's rounds with corrected local gradients, one clip decision per round", True),
+    )
+}
+
+
+def spec(name: str) -> AlgorithmSpec:
+    if name not in ALGORITHMS:
+        raise ValueError(f"Invalid algorithm: {name!r} (expected one of {', '.join(ALGORITHMS)})")
+    return ALGORITHMS[name]
+
+
+# -- a config's combinations -------------------------------------------------------------------
+
+
+def resolve(config):
+    """``config`` with the values its algorithm fixes written in (a copy; ``config`` is unchanged)."""
+    values = {name: value for name, (value, _) in spec(config.algorithm).fixed.items()}
+    return dataclasses.replace(config, **values) if values else config
+
+
+def overridden(config, explicit) -> str | None:
+    """A message if a field in ``explicit`` (what the user set, not a recipe's default) has a
+    value that ``config``'s algorithm would replace; None when there is none."""
+    s = spec(config.algorithm)
+    for name in explicit:
+        if name in s.fixed and getattr(config, name) != s.fixed[name][0]:
+            value, why = s.fixed[name]
+            return (f"Invalid {name}={getattr(config, name)!r} with algorithm={config.algorithm}: {why} "
+                    f"({name}={value!r}); leave {name} out")
+    return None
+
+
+def check(config, bad) -> None:
+    """Refuse what the chosen algorithm, local update and round would not do as the config says.
+
+    ``bad(field, why)`` raises; each message names the other field involved.
+    """
+    s = spec(config.algorithm)
+    if config.clip_mode not in s.clip_modes:
+        bad("clip_mode", f"means nothing with algorithm={config.algorithm}; accepted there: {', '.join(s.clip_modes)}")
+    if config.inner_optimizer == "adamw":
+        if config.momentum:
+            bad("momentum", "applies to inner_optimizer=clipped_sgd; AdamW's momentum is betas[0]")
+        if config.clip_mode != "local":
+            bad("clip_mode", "inner_optimizer=adamw clips each worker's own gradient (local); other modes need clipped_sgd")
+    if not s.averages_models:
+        periodic = ", ".join(n for n, o in ALGORITHMS.items() if o.averages_models)
+        if config.participants is not None:
+            bad("participants", f"partial participation applies to algorithm={periodic}, not {config.algorithm}")
+        for name, off in (("outer_optimizer", "none"), ("compression", "none")):
+            if getattr(config, name) != off:
+                bad(name, f"applies to the model-averaging algorithms ({periodic}), not algorithm={config.algorithm}")
+    if config.eval_interval and s.averages_models and config.eval_interval % config.period:
+        # Evaluations score the averaged model, which exists only at the end of a period.
+        bad("eval_interval", f"must be a multiple of period={config.period}")
+
+
+def communication_period(config) -> int | None:
+    """Local steps between two communications of a run with ``config`` (None: never)."""
+    return spec(config.algorithm).period(config)
+
+
+# -- the parts ---------------------------------------------------------------------------------
+
+
+def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices (linear and embedding weights) only, as nanoGPT and GPT-2 do:
+    decaying biases and LayerNorm gains towards zero only fights the normalisation."""
+    seen, decay, no_decay = set(), [], []
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def local_update(config, model: nn.Module) -> torch.optim.Optimizer:
+    """The inner optimizer over ``model``'s trainable parameters (``config`` resolved)."""
+    if config.inner_optimizer == "clipped_sgd":
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"Invalid module: {type(model).__name__} has no trainable parameters")
+        return ClippedSGD(params, config.lr, config.gamma, momentum=config.momentum, weight_decay=config.weight_decay,
+                          clip_mode=config.clip_mode)
+    if config.inner_optimizer == "adamw":
+        return ClippedAdamW(adamw_param_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas),
+                            weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm)
+    raise ValueError(f"Invalid inner_optimizer: {config.inner_optimizer!r} (expected one of {', '.join(INNER_OPTIMIZERS)})")
+
+
+def outer_optimizer(config) -> OuterSGD | None:
+    """What a round does with the average: None (take it) or a fresh outer step (one per worker)."""
+    if config.outer_optimizer == "none":
+        return None
+    if config.outer_optimizer in ("sgd", "nesterov"):
+        return OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
+    raise ValueError(f"Invalid outer_optimizer: {config.outer_optimizer!r} (expected one of {', '.join(OUTER_OPTIMIZERS)})")
+
+
+def compose(algorithm: str, model: nn.Module, optimizer: torch.optim.Optimizer, period: int = 1, *, group=None,
+          **round_options) -> DistributedAlgorithm:
+    """``algorithm`` (a name of :data:`ALGORITHMS`) around ``optimizer``; ``round_options`` go to
+    :class:`~localclip.averaging.PeriodicAverager` (compression, outer_optimizer, participants, …)."""
+    return spec(algorithm).cls.from_optimizer(model, optimizer, period, group=group, **round_options)
+
+
+def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
+    """The algorithm a (resolved) config describes, over ``model``, talking through ``comm``."""
+    s = spec(config.algorithm)
+    options = dict(average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
+                   skip_nonfinite=config.on_nonfinite == "skip")
+    if s.averages_models:
+        options.update(participants=config.participants, participation_seed=config.seed,
+                       outer_optimizer=outer_optimizer(config), compression=config.compression)
+    return compose(config.algorithm, model, local_update(config, model), config.period, group=comm, **options)
+

@@ -1,0 +1,295 @@
+"""The :class:`PeriodicAverager`: periodic averaging of one worker's model, composed from its parts.
+
+It owns the "every I steps, replace the model by the average" part of CELGC and of local SGD,
+and composes the pieces of the package: the schedule (:mod:`.schedule`), the flat buffers
+(:mod:`.buffers`), the round (:mod:`.round`: participants, non-finite exclusion, chunking),
+compression (:mod:`.compression`), the outer step (:mod:`localclip.outer`) and the inner
+optimizer's state at a round (:mod:`.optimizer_state`). It keeps the counters and checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from localclip.averaging import compression as _compression
+from localclip.averaging.buffers import check_views, flatten
+from localclip.averaging.optimizer_state import OPTIMIZER_STATE_MODES, sync_optimizer_state
+from localclip.averaging.round import DEFAULT_CHUNK_BYTES, OUTER_CHUNK_BYTES, Round
+from localclip.averaging.schedule import Schedule
+from localclip.comm import Communicator, current
+from localclip.errors import CommunicationError
+from localclip.outer import OuterSGD, TorchOuter, make_outer
+
+__all__ = ["PeriodicAverager"]
+
+
+class PeriodicAverager:
+    r"""Average a module's parameters and buffers across workers every ``period`` steps.
+
+    Call :meth:`step` once after every optimizer step. After the ``period``-th, ``2·period``-th, …
+    call (and after each of the first ``warmup_steps`` calls), every trainable parameter and,
+    unless ``average_buffers=False``, every floating-point buffer (BatchNorm statistics) is
+    replaced by its average over the group; in between everything stays local. This is averaging
+    "at the start of every iteration t with t mod I = 0" of the paper: iteration 0 is covered by
+    the construction, where every worker takes rank 0's parameters and buffers.
+
+    The averaged tensors are re-homed into flat buffers (see :mod:`localclip.averaging.buffers`):
+    create the averager after moving the module to its device, and do not re-assign
+    ``param.data`` afterwards (checked at every round). ``load_state_dict`` and in-place updates
+    are fine.
+
+    Args:
+        module: the worker's model.
+        period: the communication period I (>= 1).
+        group: the :class:`~localclip.comm.Communicator`; default :func:`localclip.comm.current`.
+        average_buffers: also average floating-point buffers (the reference averages parameters
+            only; averaging BatchNorm statistics keeps the evaluated model consistent).
+        optimizer: the optimizer whose state ``optimizer_state`` refers to.
+        optimizer_state: after a round, keep the optimizer's state (SGD momentum, Adam moments)
+            ``"local"`` (the default: the paper's, and DiLoCo's for AdamW), ``"average"`` it
+            too, or ``"reset"`` it (the next step starts afresh; see
+            :func:`~localclip.averaging.optimizer_state.sync_optimizer_state`).
+        warmup_steps: average after every one of the first ``warmup_steps`` steps.
+        participants: if set to K < world size, each round only K workers, drawn by
+            :func:`sample_participants` from ``participation_seed``, are averaged; every worker
+            then takes that average (partial participation).
+        skip_nonfinite: leave a worker whose parameters contain NaN or Inf out of the average
+            (it takes the average of the others); if False such a worker raises instead.
+        chunk_bytes: split the all-reduce into chunks of about this size, the work on each chunk
+            starting as it arrives; ``None``: one all-reduce; ``"auto"`` (the default): one
+            all-reduce, or chunks of ``OUTER_CHUNK_BYTES`` with an outer optimizer (see
+            :mod:`localclip.averaging.round`). Results do not depend on it.
+        compression: ``"none"``, or send the change since the anchor as ``"bf16"`` or
+            ``"fp16"`` (see :mod:`localclip.averaging.compression`; fp16 keeps 3 more mantissa
+            bits but overflows beyond ±65504, which counts as non-finite).
+        outer_optimizer: ``None`` (plain averaging), an :class:`~localclip.outer.OuterSGD`, or a
+            factory ``params -> torch.optim.Optimizer`` (see :mod:`localclip.outer`).
+
+    Memory: with ``compression`` or ``outer_optimizer``, one more copy of the averaged tensors
+    (the anchor, :attr:`anchor_numel`), plus the outer optimizer's state (``OuterSGD``: its
+    momentum buffer, one copy of the parameters when ``momentum > 0``), plus for compression a
+    2-byte send buffer of the same length.
+
+    Attributes:
+        rounds: averaging rounds so far.
+        bytes_communicated: payload bytes this worker has all-reduced in those rounds.
+        nonfinite_rounds: rounds in which this worker was left out for non-finite parameters.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        period: int,
+        *,
+        group: Communicator | None = None,
+        average_buffers: bool = True,
+        optimizer: torch.optim.Optimizer | None = None,
+        optimizer_state: str = "local",
+        warmup_steps: int = 0,
+        participants: int | None = None,
+        participation_seed: int = 0,
+        skip_nonfinite: bool = True,
+        chunk_bytes: int | str | None = DEFAULT_CHUNK_BYTES,
+        compression: str = "none",
+        outer_optimizer: OuterSGD | TorchOuter | Callable | None = None,
+    ):
+        self.schedule = Schedule(period, warmup_steps)
+        if chunk_bytes not in (None, "auto") and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+            raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1, None or 'auto')")
+        _compression.check(compression)
+        outer = make_outer(outer_optimizer)
+        if optimizer_state not in OPTIMIZER_STATE_MODES:
+            raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
+        if optimizer_state != "local" and optimizer is None:
+            raise ValueError(f"optimizer_state={optimizer_state!r} needs the optimizer")
+        self.comm = group if group is not None else current()
+        if participants is not None and not 1 <= participants <= self.comm.world_size:
+            raise ValueError(f"Invalid participants: {participants} (must be in [1, {self.comm.world_size}])")
+        self.module = module
+        self.average_buffers = average_buffers
+        self.optimizer = optimizer
+        self.optimizer_state = optimizer_state
+        self.participants = participants
+        self.participation_seed = participation_seed
+        self.skip_nonfinite = skip_nonfinite
+        self.rounds = 0
+        self.bytes_communicated = 0
+        self.nonfinite_rounds = 0
+        self.compression = compression
+        self.outer = outer
+        if chunk_bytes == "auto":
+            chunk_bytes = OUTER_CHUNK_BYTES if outer is not None else None
+        self.chunk_bytes = chunk_bytes
+
+        self._names, self._buckets = flatten(module, average_buffers)
+        if not self._buckets:
+            raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters or floating-point buffers to average")
+        self._round = Round(self.comm, self._buckets, participants=participants, participation_seed=participation_seed,
+                            skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer)
+        # Every worker starts from rank 0's model (x₀ is shared).
+        self._collective("initial broadcast", lambda: self.comm.broadcast([b.values for b in self._buckets], src=0))
+        if compression != "none" or outer is not None:
+            for b in self._buckets:
+                b.anchor = b.values.clone()
+                if compression != "none":
+                    b.wire = _compression.make_wire(b, compression)
+            if outer is not None:
+                outer.bind([b.anchor[: b.n_params] for b in self._buckets if b.n_params])
+
+    # -- the schedule --------------------------------------------------------------------------
+
+    @property
+    def period(self) -> int:
+        return self.schedule.period
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.schedule.warmup_steps
+
+    @property
+    def step_count(self) -> int:
+        return self.schedule.step_count
+
+    def is_sync_step(self, step_count: int) -> bool:
+        """Whether the ``step_count``-th call of :meth:`step` (1-based) ends with a round."""
+        return self.schedule.is_sync_step(step_count)
+
+    def step(self) -> bool:
+        """Count one optimizer step; average if this step ends a period. Returns whether it did."""
+        if self.schedule.count():
+            self.average()
+            return True
+        return False
+
+    @property
+    def in_sync(self) -> bool:
+        """Whether no step has been counted since the last round (or the initial broadcast), so
+        that the workers hold the same averaged tensors and a round would change nothing."""
+        return self.schedule.in_sync
+
+    # -- a round -------------------------------------------------------------------------------
+
+    def _collective(self, what: str, fn) -> None:
+        try:
+            fn()
+        except CommunicationError as exc:
+            raise CommunicationError(f"{what} (round {self.rounds + 1}, timeout {self.comm.timeout:g}s): {exc}") from exc
+
+    @property
+    def has_buffers(self) -> bool:
+        """Whether floating-point buffers (BatchNorm statistics) are averaged with the parameters."""
+        return any(isinstance(owner, tuple) for b in self._buckets for owner in b.owners)
+
+    @torch.no_grad()
+    def average(self, *, if_changed: bool = False, force: bool = False) -> None:
+        """Average now, whatever the schedule (end of training, before evaluation).
+
+        Right after a round (no step counted since), the workers already hold the average: no
+        round is taken and none is counted. ``if_changed=True`` also skips the call before the
+        first step (the workers hold rank 0's model); without it that call is a round, for a
+        user who changed the parameters outside :meth:`step`. ``force=True`` always takes the
+        round (benchmarks timing repeated rounds).
+
+        Each worker first scales what it sends by 1/K (K: the workers expected to take part) and
+        checks it for NaN/Inf in the same pass, before anything leaves it, so that a left-out
+        worker's values never reach the others; then one all-reduce sums the weights and the
+        values. When all K took part the sum is the average; a worker left out (not sampled, or
+        non-finite) contributes zeros and weight 0, and the others rescale by K/(weight sum).
+        With ``skip_nonfinite=False`` a non-finite worker raises instead (its model already
+        scaled, as it is lost anyway).
+
+        With compression each worker sends ``(x_i − a)/K`` rounded to the 2-byte format, and the
+        sum is added to the anchor: per element the error against the float32 average is at
+        most about ``K·u·mean_i |x_i − a|`` (``u`` the format's unit roundoff, 2⁻⁸ for bf16, 2⁻¹¹
+        for fp16: one rounding of each term and one per addition; tested), and for fp16 at least
+        about ``2K·2⁻²⁵`` in absolute terms: changes below fp16's normal range (6.1e-5 after the
+        division by K) keep only an absolute precision, which bf16, with float32's range, avoids.
+        """
+        check_views(self._names, self._buckets)
+        if self.comm.world_size == 1:
+            return  # nothing to talk about: no round, no bytes
+        if self.schedule.in_sync and (if_changed or self.rounds) and not force:
+            return
+
+        def left_out() -> None:
+            self.nonfinite_rounds += 1
+
+        sent = self._round.run(self.rounds, self._collective, left_out)
+        self.rounds += 1
+        self.bytes_communicated += sent
+        self.schedule.last_round_step = self.schedule.step_count
+        self.bytes_communicated += sync_optimizer_state(self.optimizer, self.optimizer_state, self.comm, self._collective)
+
+    @torch.no_grad()
+    def average_buffers_only(self) -> None:
+        """Average only the floating-point buffers (for algorithms whose parameters are already
+        identical everywhere, like naive parallel clipping); a round only if there are any."""
+        sent = self._round.buffers_only(self._collective)
+        if sent:
+            self.rounds += 1
+            self.bytes_communicated += sent
+
+    # -- introspection and checkpoints ---------------------------------------------------------
+
+    @property
+    def numel(self) -> int:
+        """Number of elements averaged per round (parameters and buffers, weights excluded)."""
+        return sum(b.values.numel() for b in self._buckets)
+
+    @property
+    def flat_buffers(self) -> Sequence[torch.Tensor]:
+        return [b.values for b in self._buckets]
+
+    @property
+    def anchor_numel(self) -> int:
+        """Elements of the anchor copy (0 without compression and outer optimizer)."""
+        return sum(b.anchor.numel() for b in self._buckets if b.anchor is not None)
+
+    def state_dict(self) -> dict:
+        """Counters, and with an anchor the anchor and the outer optimizer's state (a resume
+        mid-period needs both to take the same next round)."""
+        return {
+            "period": self.period,
+            "warmup_steps": self.warmup_steps,
+            "step_count": self.step_count,
+            "rounds": self.rounds,
+            "bytes_communicated": self.bytes_communicated,
+            "nonfinite_rounds": self.nonfinite_rounds,
+            "last_round_step": self.schedule.last_round_step,
+            "compression": self.compression,
+            "outer": None if self.outer is None else self.outer.state_dict(),
+            "anchors": [None if b.anchor is None else b.anchor.clone() for b in self._buckets],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        # Every check before any change: a refused checkpoint leaves the averager as it was.
+        if state["period"] != self.period:
+            raise ValueError(f"Checkpoint period {state['period']} differs from this averager's period {self.period}")
+        compression = state.get("compression", "none")
+        if compression != self.compression:
+            raise ValueError(f"Checkpoint compression {compression!r} differs from this averager's {self.compression!r}")
+        saved_outer = state.get("outer")
+        ours = None if self.outer is None else self.outer.kind
+        theirs = None if saved_outer is None else saved_outer.get("kind")
+        if ours != theirs:
+            raise ValueError(f"Checkpoint outer optimizer {theirs or 'none'!r} differs from this run's {ours or 'none'!r}")
+        if self.outer is not None:
+            self.outer.load_state_dict(saved_outer)
+        for b, anchor in zip(self._buckets, state.get("anchors") or [None] * len(self._buckets)):
+            if b.anchor is not None and anchor is not None:
+                b.anchor.copy_(anchor)
+        self.schedule.warmup_steps = state["warmup_steps"]
+        self.schedule.step_count = state["step_count"]
+        self.rounds = state["rounds"]
+        self.bytes_communicated = state["bytes_communicated"]
+        self.nonfinite_rounds = state.get("nonfinite_rounds", 0)
+        self.schedule.last_round_step = state.get("last_round_step", -1)
+
+    def __repr__(self) -> str:
+        return (
+            f"PeriodicAverager(period={self.period}, numel={self.numel}, world_size={self.comm.world_size}, "
+            f"rounds={self.rounds}, compression={self.compression!r}, outer={self.outer!r})"
+        )

@@ -1,0 +1,143 @@
+"""One averaging round: who takes part, what each sends, and what the sum becomes.
+
+A round is one all-reduce. A one-element *weight* goes first in it: each worker's 1 or 0, so
+that a weighted average (partial participation, workers with non-finite values left out) is a
+decision every worker takes together, known before any value arrives. Before sending, each
+worker scales its values by 1/K (K: the workers expected to take part) and checks them for NaN
+or Inf in the same pass (PyTorch's fused AMP kernel), so the sum is already the average and a
+left-out worker's values never reach the others. After the transport, the work on the sum
+(rescaling, decoding a compressed round, the outer step, the new anchor) runs block by block,
+while each block is in cache.
+
+Chunking: the all-reduce can be split into chunks so that the work on the first chunks overlaps
+the transport of the rest. That pays only where there is work after the transport, a round
+with an outer step; the averager's ``chunk_bytes="auto"`` chooses it then (measurements in
+docs/benchmarks.md). Chunking leaves every result as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from localclip.averaging import compression
+from localclip.averaging.buffers import BLOCK_NUMEL, FlatBucket
+from localclip.data.sharding import sample_participants
+from localclip.errors import NonFiniteError
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "OUTER_CHUNK_BYTES", "Round"]
+
+DEFAULT_CHUNK_BYTES = "auto"
+# What "auto" chunks a round with an outer step into (a multiple of BLOCK_NUMEL float32 elements,
+# so chunking leaves every block, and so every result, as it is).
+OUTER_CHUNK_BYTES = 8 << 20
+
+
+class Round:
+    """Runs rounds over ``buckets``: see the module docstring. Holds no counters: the averager does."""
+
+    def __init__(self, comm, buckets: list[FlatBucket], *, participants, participation_seed, skip_nonfinite, chunk_bytes, outer):
+        self.comm, self.buckets = comm, buckets
+        self.participants, self.participation_seed = participants, participation_seed
+        self.skip_nonfinite, self.chunk_bytes, self.outer = skip_nonfinite, chunk_bytes, outer
+        first = buckets[0].values
+        self._weight = torch.zeros(1, dtype=torch.float32, device=first.device)
+        self._found = torch.zeros(1, dtype=torch.float32, device=first.device)
+
+    @torch.no_grad()
+    def run(self, index: int, collective, on_left_out) -> int:
+        """Round ``index`` (0-based); returns its payload bytes. ``collective(what, fn)`` runs the
+        all-reduce; ``on_left_out()`` is called when this worker is left out for non-finite values."""
+        expected = self.comm.world_size
+        taking_part = True
+        if self.participants is not None and self.participants < self.comm.world_size:
+            expected = self.participants
+            chosen = sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)
+            taking_part = self.comm.rank in chosen
+        if taking_part and not self._prepare(expected):
+            if not self.skip_nonfinite:
+                raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
+            taking_part = False
+            on_left_out()
+        if not taking_part:
+            for b in self.buckets:
+                b.sent.zero_()  # 0·NaN is NaN: a left-out worker must contribute true zeros
+        self._weight.fill_(1.0 if taking_part else 0.0)
+        pieces = [(b, lo, hi) for b in self.buckets for lo, hi in b.ranges(self._chunk_numel(b))]
+        tensors = [self._weight] + [b.sent[lo:hi] for b, lo, hi in pieces]
+        arrived = iter([None] + pieces)
+        total = [0.0]
+
+        def on_arrival(t: torch.Tensor) -> None:
+            piece = next(arrived)
+            if piece is None:
+                total[0] = float(t)  # the weight goes first: the rescaling is known for every piece
+            elif total[0] > 0:
+                self._finish_piece(*piece, total[0], expected)
+
+        collective("model averaging", lambda: self.comm.all_reduce(tensors, then=on_arrival))
+        if total[0] == 0.0:
+            raise NonFiniteError(f"averaging round {index + 1}: no worker had finite parameters")
+        if self.outer is not None and not self.outer.blockwise:
+            with_params = [b for b in self.buckets if b.n_params]
+            self.outer.apply_all([b.values[: b.n_params] for b in with_params])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def _chunk_numel(self, bucket: FlatBucket) -> int | None:
+        return None if self.chunk_bytes is None else self.chunk_bytes // bucket.sent.element_size()
+
+    def _prepare(self, expected: int) -> bool:
+        """Fill what this worker sends (scaled by 1/expected); return whether it is all finite."""
+        found = self._found.zero_()
+        for b in self.buckets:
+            # Float64 values are divided after the sum instead: the kernel's scale is float32,
+            # and 1/3 in float32 is not exact enough for float64 averages.
+            exact = b.values.dtype == torch.float64
+            inv = torch.full((1,), 1.0 if exact else 1.0 / expected, dtype=torch.float32, device=b.values.device)
+            if b.wire is None:
+                torch._amp_foreach_non_finite_check_and_unscale_([b.values], found, inv)
+                continue
+            compression.encode(b, 1.0 if exact else 1.0 / expected, found)
+        return not bool(found)
+
+    def _finish_piece(self, b: FlatBucket, lo: int, hi: int, total: float, expected: int) -> None:
+        """The received sum of ``b``'s elements [lo, hi) becomes the average (and, with an anchor,
+        the outer step's result and the new anchor), block by block. ``total``: the weight sum."""
+        exact = b.values.dtype == torch.float64
+        rescale = expected / total
+        index = sum(1 for other in self.buckets[: self.buckets.index(b)] if other.n_params)
+        for start in range(lo, hi, BLOCK_NUMEL):
+            end = min(start + BLOCK_NUMEL, hi)
+            values = b.values[start:end]
+            if b.wire is not None:
+                values.copy_(b.wire[start:end])  # decode: the sum of the scaled changes
+            if exact:
+                values.div_(total)
+            elif rescale != 1.0:
+                values.mul_(rescale)
+            if b.anchor is None:
+                continue
+            anchor = b.anchor[start:end]
+            if b.wire is not None:
+                values.add_(anchor)  # x̄ = a + mean change
+            split = min(max(b.n_params - start, 0), end - start)  # parameters first, then buffers
+            if self.outer is not None and split:
+                if self.outer.blockwise:
+                    self.outer.apply(index, start, values[:split], anchor[:split])
+                # else the outer step reads the parameters' anchor after the transport
+                anchor[split:].copy_(values[split:])
+                continue
+            anchor.copy_(values)
+
+    @torch.no_grad()
+    def buffers_only(self, collective) -> int:
+        """Average only the floating-point buffers (the parameters are identical everywhere, as in
+        naive parallel clipping); returns the payload bytes, 0 if there are none (no round)."""
+        tensors = [b.values[b.n_params :] for b in self.buckets if b.values.numel() > b.n_params]
+        if self.comm.world_size == 1 or not tensors:
+            return 0
+        k = self.comm.world_size
+        collective("buffer averaging", lambda: self.comm.all_reduce(tensors, then=lambda t: t.div_(k)))
+        for b in self.buckets:
+            if b.anchor is not None:
+                b.anchor[b.n_params :].copy_(b.values[b.n_params :])
+        return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,336 @@
+"""The one builder: every combination of the command line's choices either runs exactly what the
+same composition written by hand with the library runs, or is refused in one line naming both
+fields, before anything is written."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import localclip
+from localclip.algorithms import ALGORITHMS, CELGC, EPISODE, NaiveParallelClipping, build_algorithm
+from localclip.algorithms.build import adamw_param_groups, communication_period
+from localclip.averaging import COMPRESSIONS
+from localclip.cli import main, train_config
+from localclip.comm import SimulatedWorld, current
+from localclip.errors import ConfigError
+from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW
+from localclip.outer import OUTER_OPTIMIZERS, OuterSGD
+from localclip.train import TrainConfig
+
+from workers import fixed_batches, tiny_model
+
+FIELDS = ("algorithm", "inner_optimizer", "outer_optimizer", "compression", "clip_mode", "participants")
+STEPS = 5
+
+
+def argv_for(algorithm, inner, outer, compression, clip_mode, participants):
+    """A command line that sets exactly these choices (plus what the tiny run needs)."""
+    argv = ["ptb-small", "--algorithm", algorithm, "--inner-optimizer", inner, "--outer-optimizer", outer,
+            "--compression", compression, "--clip-mode", clip_mode, "--lr", "0.05" if inner == "clipped_sgd" else "0.01"]
+    if algorithm != "single":
+        argv += ["--workers", "2"]
+    if algorithm not in ("single", "naive"):
+        argv += ["--period", "2"]
+    if algorithm != "local-sgd":  # local SGD fixes these to inf
+        argv += ["--gamma", "0.02"] if inner == "clipped_sgd" else ["--set", "max_grad_norm=0.5"]
+    if participants is not None:
+        argv += ["--set", f"participants={participants}"]
+    return argv
+
+
+MATRIX = list(itertools.product(ALGORITHMS, INNER_OPTIMIZERS, OUTER_OPTIMIZERS, COMPRESSIONS, CLIP_MODES, (None, 1)))
+
+
+def classify():
+    accepted, refused = [], []
+    for combo in MATRIX:
+        try:
+            accepted.append((combo, train_config(argv_for(*combo))))
+        except ConfigError as exc:
+            refused.append((combo, str(exc)))
+    return accepted, refused
+
+
+ACCEPTED, REFUSED = classify()
+
+
+def by_hand(config, model):
+    """The composition ``config`` names, written with the library's classes directly."""
+    cls = {"celgc": CELGC, "local-sgd": CELGC, "single": CELGC, "naive": NaiveParallelClipping, "episode": EPISODE}[config.algorithm]
+    averages = config.algorithm in ("celgc", "local-sgd", "episode")
+    options = dict(skip_nonfinite=True)
+    if averages:
+        outer = None
+        if config.outer_optimizer != "none":
+            outer = OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
+        options.update(outer_optimizer=outer, compression=config.compression, participants=config.participants,
+                       participation_seed=config.seed)
+    gamma = math.inf if config.algorithm == "local-sgd" else config.gamma
+    if config.inner_optimizer == "clipped_sgd":
+        if cls is NaiveParallelClipping:
+            return cls(model, config.lr, gamma, **options)
+        period = config.period if averages else 1
+        return cls(model, config.lr, gamma, period, clip_mode=config.clip_mode, **options)
+    limit = math.inf if config.algorithm == "local-sgd" else config.max_grad_norm
+    inner = ClippedAdamW(adamw_param_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas),
+                         weight_decay=config.weight_decay, max_grad_norm=limit)
+    return cls.from_optimizer(model, inner, config.period if averages else 1, **options)
+
+
+def _train(model, alg):
+    comm = current()
+    for x, y in fixed_batches(comm.rank, STEPS):
+        alg.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        alg.step()
+    alg.average()
+    return [t.clone() for t in model.state_dict().values()], alg.rounds, alg.bytes_communicated
+
+
+def _both(configs):
+    """For each config: (state, rounds, bytes) through the builder and by hand, on this worker."""
+    out = []
+    for config in configs:
+        model = tiny_model(seed=current().rank)
+        built = _train(model, build_algorithm(config, model, current()))
+        model = tiny_model(seed=current().rank)
+        hand = _train(model, by_hand(config, model))
+        out.append((built, hand))
+    return out
+
+
+def _same_bits(a, b):
+    return all(x.dtype == y.dtype and torch.equal(x.view(torch.uint8) if x.is_floating_point() else x,
+                                                  y.view(torch.uint8) if y.is_floating_point() else y) for x, y in zip(a, b))
+
+
+def test_the_matrix_is_enumerated_whole():
+    assert len(MATRIX) == len(ACCEPTED) + len(REFUSED) == 5 * 2 * 3 * 3 * 4 * 2
+    assert ACCEPTED and REFUSED
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_accepted_combination_runs_what_the_library_composition_runs(workers):
+    configs = [(combo, cfg) for combo, cfg in ACCEPTED if cfg.workers == workers]
+    assert configs
+    results = SimulatedWorld(workers).run(_both, [cfg for _, cfg in configs])
+    for rank_results in results:
+        for (combo, cfg), (built, hand) in zip(configs, rank_results):
+            assert _same_bits(built[0], hand[0]), combo
+            assert built[1:] == hand[1:], combo
+    if workers == 2:
+        for (combo, cfg), (built, hand) in zip(configs, results[0]):
+            assert built[1] > 0, combo  # two workers always talk
+
+
+def test_each_refused_combination_names_both_fields():
+    for combo, message in REFUSED:
+        assert message.startswith("Invalid "), (combo, message)
+        named = [f for f in FIELDS if f in message]
+        assert len(named) >= 2 or ("without lr" in message and "inner_optimizer" in message), (combo, message)
+        assert "\n" not in message
+
+
+def test_a_refused_combination_leaves_no_run_folder(tmp_path, capsys):
+    # One of each kind of refusal (the message's first field), through the command itself.
+    kinds = {}
+    for combo, message in REFUSED:
+        kinds.setdefault(message.split(":")[0].split("=")[0], combo)
+    for i, combo in enumerate(kinds.values()):
+        out = tmp_path / f"run{i}"
+        code = main(["train", *argv_for(*combo), "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, (combo, err)
+        assert not out.exists(), combo
+
+
+@pytest.mark.parametrize(
+    "flags,fields",
+    [
+        (["--algorithm", "single", "--workers", "4"], ("workers", "single")),
+        (["--algorithm", "naive", "--period", "8"], ("period", "naive")),
+        (["--algorithm", "local-sgd", "--gamma", "5"], ("gamma", "local-sgd")),
+        (["--algorithm", "local-sgd", "--set", "max_grad_norm=1"], ("max_grad_norm", "local-sgd")),
+        (["--algorithm", "single", "--set", "participants=2"], ("participants", "single")),
+        (["--algorithm", "naive", "--clip-mode", "max"], ("clip_mode", "naive")),
+        (["--algorithm", "local-sgd", "--clip-mode", "global_average"], ("clip_mode", "local-sgd")),
+        (["--inner-optimizer", "adamw"], ("inner_optimizer", "lr")),
+    ],
+)
+def test_explicit_values_an_algorithm_would_replace_are_refused(tmp_path, capsys, flags, fields):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", *flags, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and all(f in err for f in fields) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_a_recipes_own_values_are_not_the_users():
+    """ptb-small's period 8, workers 4 and gamma 5 are the recipe's: the algorithm replaces them."""
+    assert train_config(["ptb-small", "--algorithm", "naive"]).period == 1
+    single = train_config(["ptb-small", "--algorithm", "single"])
+    assert (single.workers, single.period) == (1, 1)
+    assert train_config(["ptb-small", "--algorithm", "local-sgd"]).gamma == math.inf
+    # an explicit value equal to what the algorithm fixes is no conflict
+    assert train_config(["ptb-small", "--algorithm", "naive", "--period", "1"]).period == 1
+
+
+def test_schedule_questions_are_answered_by_the_algorithm():
+    assert communication_period(TrainConfig(algorithm="naive").resolved()) == 1
+    assert communication_period(TrainConfig(algorithm="celgc", period=8).resolved()) == 8
+    assert communication_period(TrainConfig(algorithm="single").resolved()) is None
+
+    def worker():
+        out = {}
+        for name in ("celgc", "naive", "episode"):
+            alg = build_algorithm(TrainConfig(algorithm=name, workers=2, period=4).resolved(), tiny_model(), current())
+            out[name] = (alg.period, [alg.communicates(s) for s in range(1, 9)])
+        return out
+
+    got = SimulatedWorld(2).run(worker)[0]
+    assert got["celgc"] == (4, [False, False, False, True] * 2) == got["episode"]
+    assert got["naive"] == (1, [True] * 8)
+
+
+# -- what the combinations do ----------------------------------------------------------------------
+
+
+def _adamw_run(outer="none", compression="none", algorithm="celgc"):
+    cfg = train_config(["ptb-small", "--algorithm", algorithm, "--workers", "2", "--period", "2", "--inner-optimizer", "adamw",
+                        "--lr", "0.01", "--outer-optimizer", outer, "--compression", compression])
+
+    def worker():
+        model = tiny_model(seed=current().rank)
+        return _train(model, build_algorithm(cfg, model, current()))
+
+    return SimulatedWorld(2).run(worker)[0]
+
+
+def test_adamw_with_an_outer_optimizer_takes_the_outer_step():
+    plain, diloco = _adamw_run(), _adamw_run(outer="nesterov")
+    assert not _same_bits(plain[0], diloco[0])
+    assert plain[1] == diloco[1]
+
+
+def test_adamw_with_bf16_rounds_halves_the_bytes():
+    plain, bf16 = _adamw_run(), _adamw_run(compression="bf16")
+    rounds = plain[1]
+    weights = rounds * 4  # each round's float32 participation weight
+    assert bf16[1] == rounds and (bf16[2] - weights) * 2 == plain[2] - weights
+
+
+def test_episode_with_adamw_is_episode():
+    celgc, episode = _adamw_run(), _adamw_run(algorithm="episode")
+    assert not _same_bits(celgc[0], episode[0])
+    # rounds after steps 2 and 4 and the final average; EPISODE adds a gradient all-reduce at steps 1, 3 and 5
+    assert celgc[1] == 3 and episode[1] == 6
+
+
+def test_episode_from_optimizer_steps():
+    def worker():
+        model = tiny_model(seed=current().rank)
+        opt = ClippedAdamW(model.parameters(), lr=1e-2, max_grad_norm=0.1)
+        alg = EPISODE.from_optimizer(model, opt, period=2)
+        return _train(model, alg)
+
+    (s0, rounds, _), (s1, _, _) = SimulatedWorld(2).run(worker)
+    assert _same_bits(s0, s1) and rounds > 0
+
+
+def test_episode_refuses_an_optimizer_it_cannot_clip():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="Invalid optimizer for EPISODE: AdamW"):
+        EPISODE.from_optimizer(model, torch.optim.AdamW(model.parameters()), period=2, group=localclip.comm.SingleProcess())
+
+
+def test_the_summary_records_what_ran(tmp_path):
+    """naive communicates every step: period 1 in config.json and summary.json, one round a step."""
+    import json
+
+    from shared_data import shared_data_root
+
+    root = shared_data_root()
+    if root is None or not (root / "ptbdataset" / "train.txt").exists():
+        pytest.skip("PTB corpus not found")
+    out = tmp_path / "naive"
+    code = main(["train", "ptb-small", "--algorithm", "naive", "--workers", "2", "--max-steps", "4", "--out", str(out),
+                 "--data-root", str(root), "--no-progress", "--set", "eval_tokens=2000"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert summary["period"] == config["period"] == 1 and summary["comm/rounds"] == summary["steps"] == 4
+
+
+def test_an_average_right_after_a_round_is_no_round():
+    def worker():
+        model = tiny_model(seed=current().rank)
+        alg = CELGC(model, lr=0.1, gamma=1.0, period=8)
+        for x, y in fixed_batches(current().rank, 80):
+            alg.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            alg.step()
+        alg.averager.average()  # the 80th step ended a round: nothing new to send
+        return alg.rounds
+
+    assert SimulatedWorld(2).run(worker)[0] == 10
+
+
+def test_a_recipe_knows_its_settings_for_another_inner_optimizer():
+    cfg = train_config(["ptb-gpt-small", "--inner-optimizer", "adamw"])
+    assert (cfg.inner_optimizer, cfg.lr, cfg.betas, cfg.max_grad_norm) == ("adamw", 2e-3, [0.9, 0.95], 1.0)
+    assert train_config(["ptb-gpt-small", "--inner-optimizer", "adamw", "--lr", "1e-3"]).lr == 1e-3  # the user's wins
+    assert train_config(["ptb-small", "--inner-optimizer", "adamw", "--lr", "1e-3"]).lr == 1e-3
+
+
+@pytest.mark.slow
+def test_ptb_gpt_small_trains_with_adamw(tmp_path):
+    import json
+
+    from shared_data import shared_data_root
+
+    root = shared_data_root()
+    if root is None:
+        pytest.skip("PTB corpus not found")
+    out = tmp_path / "gpt"
+    code = main(["train", "ptb-gpt-small", "--inner-optimizer", "adamw", "--max-steps", "60", "--out", str(out), "--data-root", str(root),
+                 "--no-progress", "--set", "log_interval=10", "--set", "eval_tokens=20000"])
+    assert code == 0
+    losses = [json.loads(line)["train/loss"] for line in (out / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
+    assert losses[-1] < losses[0] - 1.0 and math.isfinite(json.loads((out / "summary.json").read_text())["val/ppl"])
+
+
+# -- devices ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device,ok", [("cpu", True), ("auto", True), ("cuda", True), ("cuda:1", True), ("gpu", False), ("cuda:x", False)])
+def test_device_values(device, ok):
+    from localclip import devices
+
+    if ok:
+        devices.check(device)
+    else:
+        with pytest.raises(ConfigError, match=f"Invalid device: '{device}'"):
+            devices.check(device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_cuda_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", "--device", "cuda", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Invalid device: 'cuda' (CUDA is not available" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_checkpoint_state_is_moved_to_the_cpu_without_copying_cpu_tensors():
+    from collections import namedtuple
+
+    from localclip import devices
+
+    Pair = namedtuple("Pair", "h c")
+    t = torch.ones(2)
+    state = {"a": [t, (t, 3)], "b": Pair(t, t), "c": None}
+    moved = devices.to_cpu(state)
+    assert moved["a"][0] is t and moved["a"][1][0] is t and moved["b"].h is t and isinstance(moved["b"], Pair)
