@@ -116,11 +116,11 @@ def test_a_run_failing_at_start_up_leaves_no_folder_and_the_retry_runs(tmp_path,
     real = workloads.LMWorkload.__init__
     calls = []
 
-    def fails_once(self, config, comm):
+    def fails_once(self, config, comm, *args, **kwargs):
         calls.append(comm.rank)
         if len(calls) <= 2:  # both workers of the first attempt
             raise DataError("a dependency is missing (simulated)")
-        real(self, config, comm)
+        real(self, config, comm, *args, **kwargs)
 
     monkeypatch.setattr(workloads.LMWorkload, "__init__", fails_once)
     out = tmp_path / "deeper" / "run"
