@@ -17,7 +17,7 @@ from localclip import jsonio
 from localclip.algorithms import ALGORITHMS
 from localclip.errors import DataError, LocalclipError
 
-__all__ = ["load_run", "modelled_seconds", "plot_runs"]
+__all__ = ["save_figure", "load_run", "modelled_seconds", "plot_runs"]
 
 
 class PlotError(LocalclipError):
@@ -268,10 +268,17 @@ def plot_runs(folders: list[str], out: str | Path, *, labels: list[str] | None =
     axes[1][3].legend(handles, labels, loc="center", fontsize="medium", title=title_note, title_fontsize="small")
     if title:
         fig.suptitle(title)
+    return save_figure(fig, out)
+
+
+def save_figure(fig, out: str | Path, dpi: int = 110) -> Path:
+    """Write ``fig`` to ``out`` through a temporary name (a reader never sees half a PNG) and close it."""
+    import matplotlib.pyplot as plt
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=dpi)
     plt.close(fig)
     tmp.replace(out)
     return out

@@ -99,9 +99,6 @@ def _figure(runs: dict, out: Path, title: str) -> str:
         if drawn:
             ax.legend(fontsize="x-small")
     fig.suptitle(f"{title}: what each run's steps look like", fontsize="large")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
-    return str(out)
+    from localclip.plot import save_figure
+
+    return str(save_figure(fig, out, dpi=100))

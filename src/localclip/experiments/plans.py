@@ -190,7 +190,7 @@ def image(epochs: float = 5.0) -> Plan:
     ]
 
 
-# -- beyond the paper (issue 14) -------------------------------------------------------------------
+# -- beyond the paper --------------------------------------------------------------------------------
 
 
 @sweep("episode-image")
@@ -225,12 +225,12 @@ def compression(epochs: float = 1.0) -> Plan:
     return [(f"celgc-I8-{c}", _ptb(epochs, algorithm="celgc", workers=8, period=8, compression=c)) for c in ("none", "bf16", "fp16")]
 
 
-# -- at convergence (issue 12) ---------------------------------------------------------------------
+# -- at convergence ----------------------------------------------------------------------------------
 
 # The largest η at which local SGD without clipping (I=8, N=8, the ptb-converge recipe) does not
-# diverge, from the `converge-lsgd` probe at 0.5 epoch (results/sweeps/epoch0.5): val/ppl 1486 at
-# η = 10, 552 at η = 5, 636 at η = 2.5. All three ended finite, but η = 10 was still worse than a
-# unigram model (PTB's is about 700), so it had not begun to learn: 5 is the largest that did.
+# diverge, from the `converge-lsgd` probe at 0.5 epoch (results/tuning/converge-lsgd): val/ppl at
+# step 576 1,486 at η = 10 (898.7 at its end, swinging by 40 % within 5 steps), 552 at η = 5, 636
+# at η = 2.5. All three ended finite, but η = 10 was not stable: 5 is the largest that learned steadily.
 LOCAL_SGD_STABLE_LR = 5.0
 
 
@@ -300,7 +300,7 @@ def converge(epochs: float = 12.0) -> Plan:
         ("celgc-I4-mom0.9", _converge(short, algorithm="celgc", period=4, **mom)),
         ("naive-s2", _converge(epochs, algorithm="naive", period=1, seed=seed2)),
         ("celgc-I32-s2", _converge(epochs, algorithm="celgc", period=32, seed=seed2)),
-        # Beyond the paper (issue 14), judged against the runs above: DiLoCo's outer Nesterov
+        # Beyond the paper, judged against the runs above: DiLoCo's outer Nesterov
         # step (outer_lr 0.7, momentum 0.9), bf16 rounds, and EPISODE on heterogeneous shards.
         ("celgc-I32-nesterov", _converge(epochs, algorithm="celgc", period=32, outer_optimizer="nesterov")),
         ("celgc-I256-nesterov", _converge(epochs, algorithm="celgc", period=256, outer_optimizer="nesterov")),

@@ -571,12 +571,9 @@ def _converge_curves(finished: dict, groups: dict[str, list[str]], out: Path, na
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize="small")
     fig.suptitle(f"sweep {name}: validation perplexity per epoch\n(values above 2x the lowest leave the top)", fontsize="medium")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    from localclip.plot import save_figure
+
+    return save_figure(fig, out)
 
 
 def _markdown(name: str, rows: list[dict], tables: list[tuple[str, list[str]]], unfinished: list[str], notes: list[str], result: dict) -> str:

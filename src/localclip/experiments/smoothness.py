@@ -241,8 +241,7 @@ def _figure(points: list[dict], fit: dict, out: Path, title: str) -> Path:
     ax.set_title(f"smoothness against gradient norm: {title}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
+    from localclip.plot import save_figure
+
+    save_figure(fig, out)
     return out

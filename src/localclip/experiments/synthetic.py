@@ -250,7 +250,6 @@ def _figure(result: dict, out: Path) -> None:
     right.set_title(f"N = {periods[0]['N'] if periods else '?'}: rounds and steps as I grows")
     right.grid(alpha=0.3, which="both")
     right.legend()
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
+    from localclip.plot import save_figure
+
+    save_figure(fig, out)
