@@ -47,18 +47,25 @@ def wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float =
     raise AssertionError(f"the run did not reach step {step} (exit status {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}")
 
 
+def signal_at_step(proc, out: Path, step: int, send, timeout: float = 180) -> str:
+    """Once ``proc`` has logged ``step``, ``send(proc)``; wait for it to exit; return its stderr
+    (the process group is killed if it is still there)."""
+    try:
+        wait_for_step(proc, out, step)
+        send(proc)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return err
+
+
 def interrupt_at_random_step(out: Path, send, *extra: str, launcher=None) -> tuple[int, str, int]:
     """Start a run, signal it once a random logged step is reached; return (status, stderr, stop step)."""
     seed = random.randrange(10**6)
     at = random.Random(seed).choice(range(3, 31, 3))  # the steps that log a record
     proc = start(out, *extra, launcher=launcher)
-    try:
-        wait_for_step(proc, out, at)
-        send(proc)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = signal_at_step(proc, out, at, send)
     found = re.search(r"interrupted by SIG\w+ at step (\d+)", err)
     assert found, f"seed {seed}, signal after step {at}: {err[-3000:]}"
     stop = int(found.group(1))
@@ -145,13 +152,7 @@ def test_a_long_period_stops_at_the_next_stop_check_not_the_next_round(tmp_path)
     sweep's grace time is not spent waiting for a round that is minutes away."""
     out = tmp_path / "run"
     proc = start(out, "--period", "300", "--max-steps", "600", "--set", "stop_check_interval=8")
-    try:
-        wait_for_step(proc, out, 9)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = signal_at_step(proc, out, 9, lambda p: p.send_signal(signal.SIGTERM), timeout=120)
     assert proc.returncode == 75, err
     stop = int(re.search(r"interrupted by SIGTERM at step (\d+)", err).group(1))
     assert stop % 8 == 0 and 9 < stop < 300, stop
@@ -177,13 +178,7 @@ def test_the_stop_messages_get_lines_of_their_own_beside_the_progress_bar(tmp_pa
     with_bar = [arg for arg in SMOKE if arg != "--no-progress"]
     cmd = [sys.executable, "-m", "localclip.cli", "train", "ptb-small", *ARGS, "--out", str(out), *with_bar]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
-    try:
-        wait_for_step(proc, out, 3)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = signal_at_step(proc, out, 3, lambda p: p.send_signal(signal.SIGINT))
     assert proc.returncode == 75, err
     assert "%|" in err  # the bar was drawn
     lines = err.split("\n")
