@@ -1,6 +1,6 @@
 """Who trains on which tokens, in what order: language-model sharding and the BPTT schedule.
 
-This module owns ALGORITHM.md §4 and the data side of §6:
+This module owns docs/algorithm.md §4 and the data side of §6:
 
 * the training stream is trimmed to a multiple of the global batch ``B = N·b`` and cut into
   ``B`` contiguous streams (:func:`batchify`); worker ``k`` owns streams ``[k·b, (k+1)·b)``;

@@ -129,7 +129,7 @@ def _median_steps(problem, seeds, **kwargs) -> tuple[float | None, list]:
     return (statistics.median(steps) if all(s is not None for s in steps) else None), results
 
 
-# Defaults: γ/η = 16 ≈ 5σ√d, the analysis's clip norm (ALGORITHM.md §1); with η = 0.004·N the
+# Defaults: γ/η = 16 ≈ 5σ√d, the analysis's clip norm (docs/algorithm.md §1); with η = 0.004·N the
 # longest step γ = 16η reaches the curvature scale 1/L1 only at N = 16; the target 0.3 is about
 # twice the noise floor of the gradient norm at these η.
 DEFAULTS = {"lr": 0.004, "gamma": 0.064, "target": 0.3}

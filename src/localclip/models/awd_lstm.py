@@ -3,7 +3,7 @@
 This module owns :class:`WeightDropLSTM` (one LSTM layer with DropConnect on its
 hidden-to-hidden matrix) and :class:`AWDLSTM` (embedding, three such layers, tied decoder, and
 the embedding / input / hidden / output dropouts), as used for PTB and WikiText-2 in
-ALGORITHM.md §4.
+docs/algorithm.md §4.
 
 Weight drop is computed in ``forward`` from the one ``weight_hh`` parameter each call. Nothing is
 cached and no parameter is re-registered, so each trainable tensor appears once in
@@ -111,7 +111,7 @@ class AWDLSTM(nn.Module):
 
     Masks are drawn from ``self.generator`` (each layer's own ``generator`` for weight drop;
     :func:`localclip.rng.set_generator` sets them all) in that order (embedding, input, then per layer
-    weight drop and hidden dropout, then output). Defaults are the PTB model of ALGORITHM.md §4
+    weight drop and hidden dropout, then output). Defaults are the PTB model of docs/algorithm.md §4
     (24.2M parameters for ``ntoken=10000``). Init: embedding (and an untied decoder weight)
     uniform(-0.1, 0.1), decoder bias 0, LSTM as in :class:`WeightDropLSTM`.
     """

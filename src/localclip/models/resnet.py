@@ -1,4 +1,4 @@
-"""CIFAR-style ResNets (He et al. 2016, §4.2): the image models of ALGORITHM.md §5.
+"""CIFAR-style ResNets (He et al. 2016, §4.2): the image models of docs/algorithm.md §5.
 
 This module owns :func:`resnet` and its building blocks. A network of depth 6n+2 is a 3x3
 stem conv (16 channels), three stages of n basic blocks with widths 16, 32, 64 (the second and

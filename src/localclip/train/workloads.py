@@ -62,7 +62,7 @@ def make_workload(config: TrainConfig, comm: Communicator, device: torch.device 
 
 
 class LMWorkload:
-    """Word-level language modelling (PTB, WikiText-2) with truncated BPTT (ALGORITHM.md §4)."""
+    """Word-level language modelling (PTB, WikiText-2) with truncated BPTT (docs/algorithm.md §4)."""
 
     metric = "ppl"
 
@@ -159,7 +159,7 @@ class LMWorkload:
 
 
 class ImageWorkload:
-    """Image classification (Fashion-MNIST, CIFAR-10) with ResNets (ALGORITHM.md §5)."""
+    """Image classification (Fashion-MNIST, CIFAR-10) with ResNets (docs/algorithm.md §5)."""
 
     metric = "acc"
 
