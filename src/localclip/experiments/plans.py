@@ -376,7 +376,7 @@ def tune_gamma(epochs: float = 3.0) -> Plan:
 
 
 # Each side's best γ from `tune-gamma` (3 epochs, results/tuning/tune-gamma): naive 160.1 / 162.3
-# / 163.6 final val/ppl at γ = 5 / 10 / 14, CELGC I=32 217.6 / 212.4 / 216.8. Naive's best lies on
+# / 161.5 final val/ppl at γ = 5 / 10 / 14, CELGC I=32 217.6 / 212.4 / 216.8. Naive's best lies on
 # the grid's lower edge; a smaller γ could only make naive better and widen the gap.
 NAIVE_BEST_GAMMA = 5.0
 CELGC_BEST_GAMMA = 10.0
