@@ -234,17 +234,18 @@ def compression(epochs: float = 1.0) -> Plan:
 LOCAL_SGD_STABLE_LR = 5.0
 
 
-def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None = None, **changes) -> TrainConfig:
-    """ptb-converge at ``epochs`` epochs, its lr/γ step decay rescaled to that length (see
-    :func:`localclip.recipes.converge_schedule`)."""
+def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None = None, recipe: str = "ptb-converge",
+              **changes) -> TrainConfig:
+    """``recipe`` (ptb-converge or wt2-converge) at ``epochs`` epochs, its lr/γ step decay
+    rescaled to that length (see :func:`localclip.recipes.converge_schedule`)."""
     from localclip.recipes import converge_schedule
 
-    base = get_recipe("ptb-converge")
+    base = get_recipe(recipe)
     if decay_start is None:
         decay_start = base.lr_decay_epochs[0] / base.epochs if base.lr_decay_epochs else 1.0
     decay_epochs, decay = converge_schedule(epochs, decay_start)
     cfg = dataclasses.replace(base, epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, **changes)
-    return _sized(cfg, "ptb-converge", evals_per_epoch)
+    return _sized(cfg, recipe, evals_per_epoch)
 
 
 @sweep("converge")
@@ -399,6 +400,8 @@ def fair(epochs: float = 12.0) -> Plan:
     * ``celgc-I16-K4``: partial participation (4 of 8 workers per round), against ``naive``.
     * ``naive-mom0.9``, ``celgc-I4-mom0.9``: momentum 0.9 at η = 2, γ = 0.5 for both (clip norm
       0.25), the η of the ``momentum-probe`` sweep at which both sides did best.
+    * ``celgc-I32-24ep``: what a user pays at equal time: CELGC I = 32 for twice the epochs (the
+      same schedule shape, stretched), against ``naive``.
 
     4 validations per epoch.
     """
@@ -418,6 +421,23 @@ def fair(epochs: float = 12.0) -> Plan:
         ("celgc-I16-K4", _converge(epochs, period=16, participants=4, **celgc)),
         ("naive-mom0.9", _converge(epochs, algorithm="naive", period=1, **mom)),
         ("celgc-I4-mom0.9", _converge(epochs, algorithm="celgc", period=4, **mom)),
+        ("celgc-I32-24ep", _converge(2 * epochs, period=32, **celgc)),
+    ]
+
+
+@sweep("wt2")
+def wt2(epochs: float = 6.0) -> Plan:
+    """WikiText-2 — wt2-converge (ptb-converge's model and schedule shape, b = 10, N = 8): naive vs CELGC I = 32, each at its PTB-tuned γ.
+
+    Naive parallel clipping is single-machine clipped SGD with the global batch of 80 sequences,
+    the paper's one-GPU baseline. γ is each side's best from ``tune-gamma`` on PTB
+    (``NAIVE_BEST_GAMMA``, ``CELGC_BEST_GAMMA``); it was not tuned again on WikiText-2. 2 runs
+    of ``epochs`` epochs (default 6, about 45-50 minutes an epoch on one core), 4 validations
+    per epoch.
+    """
+    return [
+        ("naive", _converge(epochs, recipe="wt2-converge", algorithm="naive", period=1, gamma=NAIVE_BEST_GAMMA)),
+        ("celgc-I32", _converge(epochs, recipe="wt2-converge", algorithm="celgc", period=32, gamma=CELGC_BEST_GAMMA)),
     ]
 
 
