@@ -390,3 +390,36 @@ def test_a_stopped_sweep_leaves_no_run_behind_and_resumes(tmp_path, signum):
     outcome = experiments.run_sweep("isweep", root, jobs=2, data_root=str(SHARED), only=["celgc-I4", "naive"],
                                     max_steps=done + 4, overrides=SMALL + ["checkpoint_interval=2"], echo=lambda _: None)
     assert outcome == {"celgc-I4": "resumed", "naive": "resumed"}
+
+
+def test_fair_and_wt2_sweeps_run_each_side_at_its_tuned_gamma():
+    from localclip.experiments.plans import CELGC_BEST_GAMMA, NAIVE_BEST_GAMMA, TUNE_GAMMAS, report_kind
+
+    assert NAIVE_BEST_GAMMA in TUNE_GAMMAS and CELGC_BEST_GAMMA in TUNE_GAMMAS
+    fair = dict(experiments.plan("fair"))
+    converge = dict(experiments.plan("converge"))
+    # naive at its best γ is the converge sweep's naive run, so that run's folder counts for both
+    assert fair["naive"].to_dict() == converge["naive"].to_dict() and fair["naive"].gamma == NAIVE_BEST_GAMMA
+    periods = {n: c.period for n, c in fair.items() if c.algorithm == "celgc" and not c.momentum and not c.participants}
+    assert {periods[n] for n in ("celgc-I8", "celgc-I32", "celgc-I256", "celgc-I1024")} == {8, 32, 256, 1024}
+    assert all(fair[n].gamma == CELGC_BEST_GAMMA for n in periods)
+    assert fair["naive-s2"].seed == fair["celgc-I32-s2"].seed != fair["naive"].seed
+    assert fair["celgc-I16-K4"].participants == 4 and fair["celgc-I32-24ep"].epochs == 2 * fair["naive"].epochs
+    mom = [(fair[n].lr, fair[n].gamma, fair[n].momentum) for n in ("naive-mom0.9", "celgc-I4-mom0.9")]
+    assert mom[0] == mom[1] == (2.0, 0.5, 0.9)
+    wt2 = dict(experiments.plan("wt2"))
+    assert {c.dataset for c in wt2.values()} == {"wikitext2"} and [c.gamma for c in wt2.values()] == [NAIVE_BEST_GAMMA, CELGC_BEST_GAMMA]
+    assert {report_kind(n) for n in ("converge", "fair", "wt2")} == {"converge"} and report_kind("image") == "image"
+
+
+def test_a_longer_run_is_judged_against_the_longest_shorter_naive_run():
+    from localclip.experiments.report import _baseline
+
+    def run(algorithm, epochs, seed=1):
+        return {"config": {"algorithm": algorithm, "epochs": epochs, "seed": seed}}
+
+    finished = {"naive-6": run("naive", 6), "naive": run("naive", 12), "naive-s2": run("naive", 12, seed=2),
+                "celgc": run("celgc", 12), "celgc-24": run("celgc", 24), "celgc-3": run("celgc", 3)}
+    assert _baseline("celgc", finished["celgc"], finished) == "naive"
+    assert _baseline("celgc-24", finished["celgc-24"], finished) == "naive"  # equal time: the longest shorter one
+    assert _baseline("celgc-3", finished["celgc-3"], finished) is None  # never against a longer one

@@ -23,7 +23,7 @@ from localclip.recipes import get_recipe
 from localclip.algorithms.build import communication_period
 from localclip.train.config import TrainConfig
 
-__all__ = ["SWEEPS", "Plan", "SweepError", "SweepFailed", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "select", "sweep"]
+__all__ = ["REPORT_KINDS", "SWEEPS", "Plan", "SweepError", "SweepFailed", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "report_kind", "select", "sweep"]
 
 Plan = list[tuple[str, TrainConfig]]
 
@@ -51,12 +51,25 @@ class SweepFailed(SweepError):
         super().__init__(f"sweep {name}: {len(failures)} run(s) failed: {detail}")
 
 
-def sweep(name: str):
+#: The report kind of each sweep that needs more than the plain table (see
+#: :func:`localclip.experiments.report.report`): ``"converge"`` judges runs at the end of their
+#: schedule against a naive baseline.
+REPORT_KINDS: dict[str, str] = {}
+
+
+def sweep(name: str, report: str | None = None):
     def register(fn):
         SWEEPS[name] = fn
+        if report is not None:
+            REPORT_KINDS[name] = report
         return fn
 
     return register
+
+
+def report_kind(name: str) -> str:
+    """How ``localclip report`` tabulates sweep ``name``: its registered kind, else its name."""
+    return REPORT_KINDS.get(name, name)
 
 
 def plan(name: str, epochs: float | None = None, only: Sequence[str] | None = None) -> Plan:
@@ -248,7 +261,7 @@ def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None
     return _sized(cfg, recipe, evals_per_epoch)
 
 
-@sweep("converge")
+@sweep("converge", report="converge")
 def converge(epochs: float = 12.0) -> Plan:
     """Claims at convergence — ptb-converge, N=8: naive, CELGC I=8/32/256, local SGD, scenarios, a second seed.
 
@@ -319,7 +332,7 @@ CONVERGE_TUNE_DROPOUTS = (0.0, 0.2, 0.4)
 CONVERGE_TUNE_DECAY_STARTS = (1 / 6, 1 / 2)  # besides the recipe's own 1/3
 
 
-@sweep("converge-tune")
+@sweep("converge-tune", report="converge")
 def converge_tune(epochs: float = 6.0) -> Plan:
     """Tuning ptb-converge on naive parallel clipping only: dropout 0, 0.2, 0.4 and when the lr/γ decay starts.
 
@@ -336,7 +349,7 @@ def converge_tune(epochs: float = 6.0) -> Plan:
     return runs
 
 
-@sweep("converge-lsgd")
+@sweep("converge-lsgd", report="converge")
 def converge_lsgd(epochs: float = 2.0) -> Plan:
     """Probe for local SGD's largest non-diverging η on ptb-converge (N=8, I=8, no clipping): η = 10, 5, 2.5, 1.25.
 
@@ -383,7 +396,7 @@ NAIVE_BEST_GAMMA = 5.0
 CELGC_BEST_GAMMA = 10.0
 
 
-@sweep("fair")
+@sweep("fair", report="converge")
 def fair(epochs: float = 12.0) -> Plan:
     """The PTB claims with both sides at their own tuned γ — ptb-converge, N=8, 12 epochs: naive vs CELGC at I = 8, 32, 256, 1024, a second seed, K=4, momentum.
 
@@ -425,7 +438,7 @@ def fair(epochs: float = 12.0) -> Plan:
     ]
 
 
-@sweep("wt2")
+@sweep("wt2", report="converge")
 def wt2(epochs: float = 6.0) -> Plan:
     """WikiText-2 — wt2-converge (ptb-converge's model and schedule shape, b = 10, N = 8): naive vs CELGC I = 32, each at its PTB-tuned γ.
 

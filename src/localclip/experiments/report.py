@@ -30,7 +30,7 @@ from localclip import jsonio
 from localclip.algorithms.build import ALGORITHMS
 from localclip.errors import LocalclipError
 from localclip.experiments import mechanism
-from localclip.experiments.plans import SWEEPS, SweepError, plan
+from localclip.experiments.plans import SWEEPS, SweepError, plan, report_kind
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
@@ -160,16 +160,17 @@ def report(
     targets: dict = {}
     notes: list[str] = []
     tables: list[tuple[str, list[str]]] = []
-    if name == "speedup":
+    kind = report_kind(name)
+    if kind == "speedup":
         targets, note = _speedup_columns(rows, finished, loss_target, ppl_target)
         notes.append(note)
-    elif name == "isweep":
+    elif kind == "isweep":
         targets, note = _isweep_columns(rows, finished)
         notes.append(note)
-    elif name.startswith("converge"):  # converge, and its tuning and probe sweeps
+    elif kind == "converge":
         targets, tables, note = _converge_tables(rows, finished)
         notes.append(note)
-    elif name == "tune-gamma":
+    elif kind == "tune-gamma":
         targets, note = _tune_columns(rows, finished)
         notes.append(note)
 
@@ -196,7 +197,7 @@ def report(
 
         # converge has too many runs for one readable figure: one per group, each run beside
         # the runs it is judged against.
-        groups = _converge_groups(finished) if name.startswith("converge") else {"": list(finished)}
+        groups = _converge_groups(finished) if kind == "converge" else {"": list(finished)}
         try:
             for group, runs in groups.items():
                 path = folder / f"figure{CONVERGE_GROUPS.get(group, '')}.png"
@@ -204,7 +205,7 @@ def report(
                           title=f"sweep {name}" + (f": {group}" if group else ""))
                 result["figures"][group] = path.name
             result["figure"] = str(figure_path) if "" in groups or "main runs" in groups else None
-            if name.startswith("converge"):
+            if kind == "converge":
                 result["curves"] = str(_converge_curves(finished, groups, folder / "curves.png", name))
         except LocalclipError as exc:  # the tables are still worth having
             result["figure_error"] = str(exc)
@@ -337,11 +338,18 @@ def _epoch_ends(data: dict) -> dict[int, float]:
 
 
 def _baseline(run: str, data: dict, finished: dict) -> str | None:
-    """The naive parallel run this run is judged against: same length, seed, data split and momentum."""
-    key = ("epochs", "seed", "heterogeneous", "momentum")
-    matches = [other for other, d in finished.items()
-               if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)]
-    return matches[0] if matches else None
+    """The naive parallel run this run is judged against: same length, seed, data split and
+    momentum. A run longer than every such naive run (CELGC given more epochs, to compare at
+    equal time) is judged against the longest shorter one."""
+    key = ("seed", "heterogeneous", "momentum")
+    naive = {other: d["config"] for other, d in finished.items()
+             if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)}
+    epochs = data["config"].get("epochs") or 0
+    same = [other for other, c in naive.items() if c.get("epochs") == epochs]
+    if same:
+        return same[0]
+    shorter = [other for other, c in naive.items() if (c.get("epochs") or 0) < epochs]
+    return max(shorter, key=lambda other: naive[other].get("epochs") or 0) if shorter else None
 
 
 def _group(config: dict) -> str:
