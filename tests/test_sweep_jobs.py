@@ -423,3 +423,25 @@ def test_a_longer_run_is_judged_against_the_longest_shorter_naive_run():
     assert _baseline("celgc", finished["celgc"], finished) == "naive"
     assert _baseline("celgc-24", finished["celgc-24"], finished) == "naive"  # equal time: the longest shorter one
     assert _baseline("celgc-3", finished["celgc-3"], finished) is None  # never against a longer one
+
+
+def test_speedup_converge_report_counts_steps_to_each_target(tmp_path):
+    from localclip.experiments.plans import SPEEDUP_TARGETS
+
+    assert SPEEDUP_TARGETS == (125.0, 120.0)
+    runs = dict(experiments.plan("speedup-converge"))
+    assert runs["celgc-I8-N8"].to_dict() == dict(experiments.plan("fair"))["celgc-I8"].to_dict()
+    assert [c.workers for c in runs.values()] == [1, 2, 4, 8] and runs["single-N1"].algorithm == "single"
+    folder = tmp_path / "speedup-converge"
+    vals = [400, 300, 250, 200, 180, 160, 140, 130, 126, 124, 121, 119]
+    _fake_converge_run(folder / "single-N1", "single", 1, vals, steps_per_epoch=80, workers=1)
+    _fake_converge_run(folder / "celgc-I8-N2", "celgc", 8, vals, steps_per_epoch=40, workers=2)
+    _fake_converge_run(folder / "celgc-I8-N4", "celgc", 8, vals[:10] + [124.5, 122], steps_per_epoch=20, workers=4)
+    result = experiments.report("speedup-converge", tmp_path)
+    rows = {r["run"]: r for r in result["rows"]}
+    one, two, four = rows["single-N1"], rows["celgc-I8-N2"], rows["celgc-I8-N4"]
+    assert (one["steps to 125"], one["steps to 120"]) == (200, 240)
+    assert (two["steps to 125"], two["speed-up to 125"], two["of linear to 120"]) == (100, 2.0, 1.0)
+    assert four["steps to 125"] == 50 and four["speed-up to 125"] == 4.0 and four["steps to 120"] is None
+    assert four["speed-up to 120"] is None and four["val/ppl epoch 3"] == 122 and one["val/ppl epoch 1"] == 200
+    assert "| speed-up to 125 |" in (folder / "summary.md").read_text()

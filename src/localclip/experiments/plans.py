@@ -23,7 +23,7 @@ from localclip.recipes import get_recipe
 from localclip.algorithms.build import communication_period
 from localclip.train.config import TrainConfig
 
-__all__ = ["REPORT_KINDS", "SWEEPS", "Plan", "SweepError", "SweepFailed", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "report_kind", "select", "sweep"]
+__all__ = ["REPORT_KINDS", "SWEEPS", "Plan", "SweepError", "SweepFailed", "SPEEDUP_TARGETS", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "report_kind", "select", "sweep"]
 
 Plan = list[tuple[str, TrainConfig]]
 
@@ -454,18 +454,25 @@ def wt2(epochs: float = 6.0) -> Plan:
     ]
 
 
-@sweep("speedup-converge")
+#: The validation perplexities at which ``speedup-converge`` counts each N's steps: near the end
+#: of the 12-epoch schedule, which CELGC I=8 at N=8 ends at about 118.
+SPEEDUP_TARGETS = (125.0, 120.0)
+
+
+@sweep("speedup-converge", report="speedup-converge")
 def speedup_converge(epochs: float = 12.0) -> Plan:
-    """Speed-up at the end of training — ptb-converge, CELGC I=8 at N = 1, 2, 4 (b = 5 and η fixed); N = 8 is converge's celgc-I8.
+    """Speed-up at the end of training — ptb-converge, CELGC I=8 at N = 1, 2, 4, 8 (b = 5, η and CELGC's tuned γ fixed).
 
     Every run makes ``epochs`` passes over the corpus (default 12, the converge schedule), so N
     workers take 1/N as many steps each as one worker; N = 1 is the ``single`` algorithm (a world
-    of one averages nothing). The report compares validation at equal epochs (equal samples) and
-    the steps per worker each N needs to reach fixed perplexities near the end. 3 runs, 4
-    validations per epoch.
+    of one averages nothing). γ is ``CELGC_BEST_GAMMA``, so ``celgc-I8-N8`` has the
+    configuration of the ``fair`` sweep's ``celgc-I8`` (a copy of that run's folder counts as
+    this one). The report compares validation at equal epochs (equal samples) and the steps per
+    worker each N needs to reach ``SPEEDUP_TARGETS``. 4 runs, 4 validations per epoch.
     """
-    runs = [("single-N1", _converge(epochs, algorithm="single", workers=1))]
-    runs += [(f"celgc-I8-N{n}", _converge(epochs, algorithm="celgc", workers=n, period=8)) for n in (2, 4)]
+    tuned = dict(gamma=CELGC_BEST_GAMMA)
+    runs = [("single-N1", _converge(epochs, algorithm="single", workers=1, **tuned))]
+    runs += [(f"celgc-I8-N{n}", _converge(epochs, algorithm="celgc", workers=n, period=8, **tuned)) for n in (2, 4, 8)]
     return runs
 
 

@@ -173,6 +173,9 @@ def report(
     elif kind == "tune-gamma":
         targets, note = _tune_columns(rows, finished)
         notes.append(note)
+    elif kind == "speedup-converge":
+        targets, note = _speedup_end_columns(rows, finished)
+        notes.append(note)
 
     result = {
         "sweep": name, "folder": str(folder), "rows": rows, "finished": list(finished), "unfinished": unfinished,
@@ -268,6 +271,36 @@ def _speedup_columns(rows: list[dict], finished: dict, loss_target, ppl_target) 
         f"Speedup: steps of the N={base['N'] if base else '?'} run over this run's; empty: not reached."
     )
     return {"train/loss": loss_target, "val/ppl": ppl_target}, note
+
+
+def _speedup_end_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
+    """speedup-converge: validation at a few whole epochs (equal samples for every N), and per
+    target of ``SPEEDUP_TARGETS`` the local steps each run needs to reach it, the speed-up over
+    the smallest N (its steps over this run's) and that speed-up's share of linear (speed-up
+    divided by the ratio of the workers)."""
+    from localclip.experiments.plans import SPEEDUP_TARGETS
+
+    base = min(rows, key=lambda r: r["N"] or 0) if rows else None
+    ends = {row["run"]: _epoch_ends(finished[row["run"]]) for row in rows}
+    last = max((max(e) for e in ends.values() if e), default=0)
+    checkpoints = sorted({e for e in (1, last // 3, 2 * last // 3, last) if e >= 1})
+    for row in rows:
+        for epoch in checkpoints:
+            row[f"val/ppl epoch {epoch}"] = ends[row["run"]].get(epoch)
+        for target in SPEEDUP_TARGETS:
+            hit = _first(_vals(finished[row["run"]]), "val/ppl", target, True)
+            row[f"steps to {target:g}"] = hit["step"] if hit else None
+    for row in rows:
+        for target in SPEEDUP_TARGETS:
+            key, mine = f"steps to {target:g}", row[f"steps to {target:g}"]
+            theirs = base.get(key) if base else None
+            speedup = theirs / mine if theirs and mine else None
+            row[f"speed-up to {target:g}"] = speedup
+            row[f"of linear to {target:g}"] = speedup / (row["N"] / base["N"]) if speedup and row["N"] and base["N"] else None
+    note = (f"Steps are local steps per worker to the first validation at or below each target; speed-up: the "
+            f"N = {base['N'] if base else '?'} run's steps over this run's; of linear: that speed-up over the ratio "
+            f"of workers; empty: not reached. Every run sees the same samples per epoch.")
+    return {"val/ppl": list(SPEEDUP_TARGETS)}, note
 
 
 def _isweep_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
