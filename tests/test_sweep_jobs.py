@@ -206,6 +206,11 @@ def test_converge_report_numbers(tmp_path):
     assert c32["naive/this to it 10 Gbit/s, 97 MB"] == pytest.approx(theirs / mine)
     assert c["naive steps to it"] is None and c["naive/this to it 1 Gbit/s, 97 MB"] is None
     assert "## Time to this run's final perplexity" in (folder / "summary.md").read_text()
+    # Quality levels: within 20 % of naive's 130 is 156, which celgc-I32 first reaches at step 100
+    # (3 rounds); within 10 % (143) it never gets. At +0 % a level is the target itself.
+    assert c32["s to naive+20 % 1 Gbit/s"] == pytest.approx(100 * per_step + 3 * LATENCY + 3 * AWD_MESSAGE_BYTES * 8 / 1e9)
+    assert c32["s to naive+10 % 1 Gbit/s"] is None and c["s to naive+0 % 1 Gbit/s"] == pytest.approx(expect_c)
+    assert "## Time to each quality level, 97 MB rounds" in (folder / "summary.md").read_text()
 
 
 def test_converge_report_says_where_a_stopped_run_diverged(tmp_path):

@@ -43,6 +43,9 @@ LINKS = {"1 Gbit/s": 1e9, "10 Gbit/s": 10e9}
 AWD_MESSAGE_BYTES = 97e6
 # What a compressed round sends, as a fraction of float32 (the 97 MB message shrinks with it).
 WIRE_FRACTION = {"none": 1.0, "bf16": 0.5, "fp16": 0.5}
+# converge: the quality levels a user may settle for, as the naive baseline's final val/ppl
+# times these factors (within 20 %, 10 %, 5 % of it, and it).
+QUALITY_LEVELS = (1.2, 1.1, 1.05, 1.0)
 # converge: the three comparisons a run can belong to, each with its own figure (file suffix).
 CONVERGE_GROUPS = {"main runs": "", "scenarios": "-scenarios", "beyond the paper": "-beyond"}
 
@@ -483,6 +486,11 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
             row[f"naive s to it {link}, 97 MB"] = theirs
             row[f"s to it {link}, 97 MB"] = mine
             row[f"naive/this to it {link}, 97 MB"] = theirs / mine if theirs and mine else None
+        for factor in QUALITY_LEVELS:
+            level = target * factor if _good(target) else None
+            level_hit = _first(data["val"], "val/ppl", level, True) if level is not None else None
+            for link, bandwidth in LINKS.items():
+                row[f"s to naive{_level(factor)} {link}"] = _seconds(level_hit, per_step, bandwidth, message)
     for row in rows:
         for link in LINKS:
             col = f"s to target {link}, 97 MB"
@@ -498,6 +506,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     converse = ["run", "baseline", "own final val/ppl", "naive steps to it", "steps to it"]
     converse += [f"{who}s to it {link}, 97 MB" for link in LINKS for who in ("naive ", "")]
     converse += [f"naive/this to it {link}, 97 MB" for link in LINKS]
+    levels = ["run", "baseline", "target val/ppl"]
+    levels += [f"s to naive{_level(factor)} {link}" for factor in QUALITY_LEVELS for link in LINKS]
     note = (
         ("diverged at step: the run stopped at the validation that found its model diverged (stop_on_divergence); "
          "its epochs and steps are where it stopped. " if stopped else "")
@@ -513,10 +523,13 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         "(same period, plain averaging, float32 rounds; for EPISODE the CELGC run on the same data). naive/this: the baseline's time over "
         "this run's (above 1: this run is faster); empty where a run does not reach the target. "
         "Time to this run's final perplexity: the same model, the other way round: when this run first reaches its own "
-        "final val/ppl, and when its naive baseline first reaches that value (97 MB rounds)."
+        "final val/ppl, and when its naive baseline first reaches that value (97 MB rounds). "
+        "Time to each quality level: the same modelled seconds (97 MB rounds) to the first validation within "
+        + ", ".join(f"{100 * (f - 1):g} %" for f in QUALITY_LEVELS if f > 1)
+        + " of the baseline's final val/ppl, and to that value itself (naive+0 %)."
     )
     tables = [("Runs", main), ("Time to the naive baseline's final perplexity", timing),
-              ("Time to this run's final perplexity", converse)]
+              ("Time to this run's final perplexity", converse), ("Time to each quality level, 97 MB rounds", levels)]
     seeds = _seed_families(rows, finished)
     return {"per_step_compute": per_step, "seeds": seeds}, tables, note + _seed_markdown(seeds)
 
@@ -566,6 +579,10 @@ def _seed_markdown(seeds: list[dict]) -> str:
 def _percent(value, reference) -> float | None:
     """How far ``value`` is above ``reference``, in % of it."""
     return 100 * (value - reference) / reference if _good(value) and _good(reference) and reference else None
+
+
+def _level(factor: float) -> str:
+    return f"+{100 * (factor - 1):.0f} %"
 
 
 def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message: float | None) -> float | None:
