@@ -16,7 +16,7 @@ newest kept set that loads on every worker (:func:`agree_on_checkpoint`).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -24,13 +24,34 @@ from localclip import devices
 from localclip.errors import RunFolderError
 
 if TYPE_CHECKING:
+    from localclip.train.asgd import EpochAverage
+    from localclip.train.metrics import RunMetrics
     from localclip.train.run_folder import RunFolder
-    from localclip.train.trainer import Trainer
 
-__all__ = ["Checkpointer", "agree_on_checkpoint", "worker_state"]
+__all__ = ["Checkpointer", "Worker", "agree_on_checkpoint", "worker_state"]
 
 
-def worker_state(trainer: Trainer) -> dict:
+class Worker(Protocol):
+    """The parts of a worker that its checkpoint holds or is named by
+    (:class:`~localclip.train.trainer.Trainer` is one)."""
+
+    step: int
+    epoch: int
+    position: int  # batches done in this epoch
+    device: torch.device
+    model: torch.nn.Module
+    algorithm: Any
+    workload: Any
+    generator: torch.Generator
+    epoch_average: EpochAverage
+    metrics: RunMetrics
+
+    def epoch_progress(self) -> float: ...
+
+    def workload_position(self) -> int: ...
+
+
+def worker_state(trainer: Worker) -> dict:
     """What this worker's checkpoint holds."""
     return {
         "step": trainer.step,
@@ -44,7 +65,7 @@ def worker_state(trainer: Trainer) -> dict:
     }
 
 
-def _load_worker_state(trainer: Trainer, state: dict) -> None:
+def _load_worker_state(trainer: Worker, state: dict) -> None:
     """Put :func:`worker_state` back (the epoch's batches set up already)."""
     with torch.no_grad():
         trainer.model.load_state_dict(state["model"])
@@ -70,7 +91,7 @@ class Checkpointer:
         """Whether the interval asks for a checkpoint after ``step`` steps."""
         return step % self.interval == 0
 
-    def save(self, trainer: Trainer) -> None:
+    def save(self, trainer: Worker) -> None:
         """Write the trainer's state (every rank calls this at the same point)."""
         if self.run_folder is None:
             return
@@ -96,7 +117,7 @@ class Checkpointer:
     def pending(self) -> bool:
         return self._pending is not None
 
-    def restore_pending(self, trainer: Trainer) -> bool:
+    def restore_pending(self, trainer: Worker) -> bool:
         """Restore the checkpoint given to :meth:`resume`, if not done yet; whether it did."""
         if self._pending is None:
             return False
