@@ -20,7 +20,7 @@ import torch
 
 from localclip.averaging.buffers import FlatBucket
 
-__all__ = ["BucketSlice", "Fragment", "check", "offsets", "split"]
+__all__ = ["BucketSlice", "Fragment", "FragmentOuter", "check", "count_tensors", "offsets", "split"]
 
 
 def check(fragments, period: int, n_tensors: int) -> None:
@@ -31,6 +31,16 @@ def check(fragments, period: int, n_tensors: int) -> None:
         raise ValueError(f"Invalid fragments={fragments} with period={period}: at most one fragment may start per step (fragments <= period)")
     if fragments > n_tensors:
         raise ValueError(f"Invalid fragments={fragments}: the model has only {n_tensors} averaged tensors (a fragment holds whole tensors)")
+
+
+def count_tensors(module, average_buffers: bool = True) -> int:
+    """How many tensors an averager over ``module`` averages (what :func:`check` compares P
+    with): trainable parameters and, with ``average_buffers``, floating-point buffers, each once.
+    Works on a model built on the ``meta`` device, so a config is checked without building it."""
+    seen = {id(p) for p in module.parameters() if p.requires_grad}
+    if average_buffers:
+        seen |= {id(b) for b in module.buffers() if b.is_floating_point()}
+    return len(seen)
 
 
 def offsets(fragments: int, period: int) -> list[int]:
