@@ -252,3 +252,23 @@ def test_rounds_send_one_fragment_each_and_every_period_syncs_everything_once():
     sizes = PeriodicAverager(tiny_model(), 4, group=localclip.comm.SingleProcess(), fragments=4).fragment_bytes
     assert sum(sizes) == full
     assert run[0]["bytes"] == 2 * (full + 4 * weight) + (full - sizes[0]) + 3 * weight
+
+
+def test_global_clipping_refreshes_its_reference_norm_after_each_started_round():
+    def worker():
+        comm = current()
+        model = tiny_model(seed=comm.rank)
+        alg = CELGC(model, lr=0.3, gamma=0.05, period=4, clip_mode="global_average", fragments=2, overlap=1)
+        for x, y in fixed_batches(comm.rank, 8):
+            alg.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            alg.step()
+        alg.average()
+        return _flat(model), alg.averager.rounds, alg._extra_reductions
+
+    (a, rounds, extra), (b, _, _) = SimulatedWorld(2).run(worker)
+    # Rounds start after steps 2, 4, 6, 8; the final average lands step 8's and averages
+    # fragment 1 (changed since it landed after step 7). The norm is refreshed at step 1 and
+    # after each started round but the last: steps 3, 5, 7.
+    assert (rounds, extra) == (5, 4)
+    assert torch.equal(_bits(a), _bits(b))
