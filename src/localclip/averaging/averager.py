@@ -120,7 +120,7 @@ class PeriodicAverager:
         overlap: int = 0,
         overlap_alpha: float = 0.0,
     ):
-        self.schedule = Schedule(period, warmup_steps)
+        self.schedule = Schedule(period, warmup_steps, fragments)
         _overlap.check(overlap, period, overlap_alpha)
         streaming = fragments != 1 or overlap != 0
         for name, value, off in (("warmup_steps", warmup_steps, 0), ("optimizer_state", optimizer_state, "local")):
@@ -160,7 +160,6 @@ class PeriodicAverager:
         if fragments > 1 and outer is not None and not outer.blockwise:
             raise ValueError(f"Invalid outer optimizer {outer!r} with fragments={fragments}: a torch.optim optimizer steps all its parameters at once; use OuterSGD")
         self.fragments, self.overlap, self.overlap_alpha = fragments, overlap, float(overlap_alpha)
-        self.schedule = Schedule(period, warmup_steps, fragments)
         self._round = Round(self.comm, self._buckets, participants=participants, participation_seed=participation_seed,
                             skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer)
         # Every worker starts from rank 0's model (x₀ is shared).

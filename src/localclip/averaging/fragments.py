@@ -23,13 +23,14 @@ from localclip.averaging.buffers import FlatBucket
 __all__ = ["BucketSlice", "Fragment", "FragmentOuter", "check", "count_tensors", "offsets", "split"]
 
 
-def check(fragments, period: int, n_tensors: int) -> None:
-    """Refuse a fragment count that cannot be scheduled or split (one line naming the values)."""
+def check(fragments, period: int, n_tensors: int | None = None) -> None:
+    """Refuse a fragment count that cannot be scheduled (or, given ``n_tensors``, split): one
+    line naming the values."""
     if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1:
         raise ValueError(f"Invalid fragments: {fragments!r} (must be an integer >= 1)")
     if fragments > period:
         raise ValueError(f"Invalid fragments={fragments} with period={period}: at most one fragment may start per step (fragments <= period)")
-    if fragments > n_tensors:
+    if n_tensors is not None and fragments > n_tensors:
         raise ValueError(f"Invalid fragments={fragments}: the model has only {n_tensors} averaged tensors (a fragment holds whole tensors)")
 
 

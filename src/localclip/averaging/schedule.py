@@ -10,7 +10,7 @@ initial broadcast), so that an explicit average there is skipped: it would send 
 
 from __future__ import annotations
 
-from localclip.averaging.fragments import offsets
+from localclip.averaging.fragments import check, offsets
 
 __all__ = ["Schedule"]
 
@@ -23,6 +23,7 @@ class Schedule:
             raise ValueError(f"Invalid period: {period!r} (must be an integer >= 1)")
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"Invalid warmup_steps: {warmup_steps!r} (must be an integer >= 0)")
+        check(fragments, period)
         self.period = period
         self.warmup_steps = warmup_steps
         self.offsets = offsets(fragments, period)
