@@ -117,3 +117,12 @@ def test_a_run_with_a_round_in_flight_at_its_last_checkpoint_extends_to_the_stra
     assert main(["train", "ptb-small", *ARGS, "--max-steps", "26", "--resume", "--fragments", "1", "--overlap", "2",
                  "--out", str(other), *SMOKE]) != 0
     assert "fragments: 2 in the run, 1 now" in capsys.readouterr().err
+
+
+def test_streaming_rounds_under_spawn_equal_the_simulation(tmp_path):
+    """Rounds in flight over gloo's non-blocking all-reduce, through the trainer (checkpoints
+    taken with a round in flight included): the simulation's run, bit for bit."""
+    streaming = ["--fragments", "2", "--overlap", "1", "--max-steps", "12"]
+    train(tmp_path / "simulate", *streaming)
+    train(tmp_path / "spawn", *streaming, "--runtime", "spawn", "--set", "threads=1")
+    assert_same_run(tmp_path / "simulate", tmp_path / "spawn")
