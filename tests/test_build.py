@@ -206,6 +206,7 @@ def test_the_streaming_matrix_runs_what_the_library_composition_runs_or_is_refus
      (["--overlap", "1", "--set", "overlap_alpha=2"], "Invalid overlap_alpha: 2.0"),
      (["--fragments", "2", "--set", "optimizer_state=average"], "Invalid optimizer_state: 'average' .*fragments=2"),
      (["--overlap", "1", "--set", "eval_interval=8"], "Invalid eval_interval: 8 .*overlap=1"),
+     (["--set", "overlap_alpha=0.5"], "Invalid overlap_alpha: 0.5 .*overlap >= 1"),
      (["--fragments", "11", "--period", "16"], "Invalid fragments: 11 .model=lstm has only 10 averaged tensors")],
 )
 def test_bad_streaming_values_are_refused_before_a_run_folder(tmp_path, capsys, flags, match):

@@ -59,6 +59,7 @@ def test_fragments_are_whole_tensors_in_model_order_of_about_equal_bytes(fragmen
     [(dict(period=8, fragments=0), "fragments: 0"), (dict(period=16, fragments=9), "fragments=9: the model has only 8"),
      (dict(period=2, fragments=3), "fragments=3 with period=2"), (dict(period=4, overlap=4), "overlap=4 with period=4"),
      (dict(period=4, overlap=-1), "overlap: -1"), (dict(period=4, overlap=1, overlap_alpha=1.5), "overlap_alpha: 1.5"),
+     (dict(period=4, overlap_alpha=0.5), "overlap_alpha=0.5 with overlap=0"),
      (dict(period=4, fragments=2, warmup_steps=2), "warmup_steps=2 with fragments=2"),
      (dict(period=4, overlap=1, optimizer_state="reset", optimizer=torch.optim.SGD([torch.zeros(1)], lr=1)), "optimizer_state='reset'"),
      (dict(period=4, fragments=2, outer_optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0)), "with fragments=2: a torch.optim")],

@@ -156,6 +156,8 @@ def _check_streaming(config, bad) -> None:
         for name, off in (("fragments", 1), ("overlap", 0)):
             if getattr(config, name) != off:
                 bad(name, "algorithm=episode's correction needs every worker at the same whole model when a round starts")
+    if config.overlap_alpha and not config.overlap:
+        bad("overlap_alpha", "merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
     if config.fragments == 1 and not config.overlap:
         return
     if config.fragments > config.period and spec(config.algorithm).averages_models:

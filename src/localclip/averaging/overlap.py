@@ -43,6 +43,8 @@ def check(overlap, period: int, alpha) -> None:
         raise ValueError(f"Invalid overlap={overlap} with period={period}: a round must land before the fragment's next one (overlap < period)")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"Invalid overlap_alpha: {alpha!r} (must be in [0, 1])")
+    if alpha and not overlap:
+        raise ValueError(f"Invalid overlap_alpha={alpha!r} with overlap=0: it merges a round in flight (overlap >= 1)")
 
 
 @dataclass
