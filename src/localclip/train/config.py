@@ -83,6 +83,14 @@ class TrainConfig:
     compression: str = "none"
     """How a round sends the models: ``none`` (float32), or the change since the last round as
     ``bf16`` or ``fp16`` (half the bytes)."""
+    fragments: int = 1
+    """Streaming rounds: split the model into this many fragments of about equal bytes, each
+    synced once per period on a staggered schedule (1: the whole model every period)."""
+    overlap: int = 0
+    """Streaming rounds: start each round without waiting and apply it this many local steps
+    later (0: rounds block; else < period)."""
+    overlap_alpha: float = 0.0
+    """The merge of a round in flight: alpha·local + (1 − alpha)·average (0: take the average)."""
 
     # -- schedule --
     epochs: float = 1.0
@@ -213,6 +221,12 @@ class TrainConfig:
             bad("outer_momentum", "outer_optimizer=nesterov needs outer_momentum > 0")
         if self.compression not in COMPRESSIONS:
             bad("compression", f"expected one of {', '.join(COMPRESSIONS)}")
+        if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) or self.fragments < 1:
+            bad("fragments", "must be an integer >= 1")
+        if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or self.overlap < 0:
+            bad("overlap", "must be an integer >= 0 local steps")
+        if isinstance(self.overlap_alpha, bool) or not isinstance(self.overlap_alpha, (int, float)) or not 0 <= self.overlap_alpha <= 1:
+            bad("overlap_alpha", "must be in [0, 1]")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
             bad("threads", "must be an integer >= 1, or none for the default")
         if not isinstance(self.model_options, dict):
