@@ -366,6 +366,7 @@ class PeriodicAverager:
         flying = [f.state_dict(self._flying[f.fragment], self._collective) for f in self._in_flight]
         return {
             "fragments": self.fragments,
+            "fragment_elements": [list(r) for r in self.fragment_elements],
             "overlap": self.overlap,
             "synced_at": list(self.schedule.synced_at),
             "in_flight": flying,
@@ -389,6 +390,13 @@ class PeriodicAverager:
             saved, ours = state.get(name, 1 if name == "fragments" else 0), getattr(self, name)
             if saved != ours:
                 raise ValueError(f"Checkpoint {name}={saved} differs from this averager's {name}={ours}")
+        # The per-fragment state (anchors' rounds, momentum, a round in flight, the last syncs)
+        # belongs to element ranges: a checkpoint split elsewhere (fragments of whole tensors
+        # wrote none) cannot be resumed by this split.
+        saved_elements = state.get("fragment_elements")
+        ours_elements = [list(r) for r in self.fragment_elements]
+        if self.fragments > 1 and saved_elements != ours_elements:
+            raise ValueError(f"Checkpoint fragment element ranges {saved_elements} differ from this averager's {ours_elements}")
         compression = state.get("compression", "none")
         if compression != self.compression:
             raise ValueError(f"Checkpoint compression {compression!r} differs from this averager's {self.compression!r}")
