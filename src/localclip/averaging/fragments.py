@@ -97,7 +97,8 @@ def split(names: list[list[str]], buckets: list[FlatBucket], fragments: int) -> 
     in its bucket: ``grain`` is the largest power of two up to the round's block
     (:data:`~localclip.averaging.buffers.BLOCK_NUMEL`) whose bytes are at most
     :data:`BLOCK_SLACK` of 1/P of the state, so that a fragment's blocks are the round's blocks
-    where the model is large enough and no fragment exceeds 1/P by more than that slack.
+    where the model is large enough and no fragment exceeds 1/P by more than that slack (or,
+    where the grain is one element, by more than one element).
     """
     sizes = [b.values.element_size() for b in buckets]
     numels = [b.values.numel() for b in buckets]
@@ -111,8 +112,8 @@ def split(names: list[list[str]], buckets: list[FlatBucket], fragments: int) -> 
         first, before = 0, 0  # the bucket's first element, the bytes before it
         for numel, size in zip(numels, sizes):
             if target <= before + numel * size:
-                at = (target - before) // size
-                at = min(numel, (at + grain // 2) // grain * grain)
+                step = grain * size  # bytes of one grain: the cut goes to the nearest multiple
+                at = min(numel, (target - before + step // 2) // step * grain)
                 break
             first, before = first + numel, before + numel * size
         # No fragment is empty (only a model with about as few elements as fragments needs it).
