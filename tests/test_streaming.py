@@ -130,8 +130,8 @@ def _reference_worker(period, fragments, overlap, alpha, outer, steps):
     bounds = alg.averager.fragment_elements
     n_params = sum(p.numel() for p in model.parameters())
     ends = set(itertools.accumulate(TENSOR_NUMELS))
-    if fragments > 1:  # the reference sees element ranges: some tensor is cut between two fragments
-        assert any(lo not in ends for lo, _ in bounds[1:])
+    if fragments > 1:  # the reference sees element ranges: a parameter (and its momentum) is cut between two fragments
+        assert any(lo not in ends and lo < n_params for lo, _ in bounds[1:])
     ref_model = tiny_model(seed=0).double()  # rank 0's model: the broadcast
     ref = _flat(ref_model).clone()
     anchor, momentum = ref.clone(), torch.zeros_like(ref)
