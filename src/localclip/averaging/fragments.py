@@ -10,12 +10,12 @@ each round sends about 1/P of the model. P must be at most the period (so that n
 share an offset) and at most the number of averaged elements (no fragment is empty).
 
 Why elements rather than whole tensors: one tensor dominates typical models, so fragments of
-whole tensors cannot shrink a round below that tensor. Measured at P = 4, the largest
-whole-tensor fragment was 0.754 of a full round for ptb-small (its tied 10000×200 embedding is
-75 % of the model), 0.908 for wt2-converge, 0.760 for ptb-gpt-small and 0.322 for AWD-LSTM,
-where the target is 1/P + 5 %. Cut at elements, every fragment is within 1/P + 2.5 % of the
-state's bytes (:func:`split`): at P = 4 the largest round is 0.253, 0.250, 0.253 and 0.254 of a
-full one for those four models.
+whole tensors cannot shrink a round below that tensor. At P = 4 (target: 1/P + 5 % = 0.2625)
+the largest fragment of whole tensors is 0.754 of a full round for ptb-small (its tied
+10000×200 embedding is 75 % of the model), 0.908 for wt2-converge, 0.760 for ptb-gpt-small and
+0.322 for AWD-LSTM. Cut at elements, every fragment is within 1/P + 2.5 % of the state's bytes
+(:func:`split`; one element more where the model has fewer than about 40·P elements): at P = 4
+the largest round is 0.253, 0.250, 0.253 and 0.254 of a full one for those four models.
 
 A fragment is one :class:`BucketSlice` per flat bucket it touches, a view of the bucket's
 values, anchor and send buffer over an element range, so that a
