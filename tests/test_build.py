@@ -107,7 +107,7 @@ def _same_bits(a, b):
 
 
 def test_the_matrix_is_enumerated_whole():
-    assert len(MATRIX) == len(ACCEPTED) + len(REFUSED) == 5 * 2 * 3 * 3 * 4 * 2
+    assert len(MATRIX) == len(ACCEPTED) + len(REFUSED) == 5 * 2 * 3 * 5 * 4 * 2
     assert ACCEPTED and REFUSED
 
 

@@ -194,11 +194,16 @@ class ErrorFeedback:
 
 
 class LowbitRound(NamedTuple):
-    """The result of :func:`lowbit_average`: the averaged tensor (the same bits on every worker)
-    and the bytes this worker sent to its peers (codes, scales and padding, both phases)."""
+    """The result of :func:`lowbit_average`: the averaged tensor (the same bits on every worker),
+    the bytes this worker sent to its peers (codes, scales, padding and weights, both phases),
+    the bytes of its all-to-all send buffer (every chunk, its own included, with their weights:
+    its whole input encoded), and how many workers took part (every worker knows the same
+    number; 0 leaves a NaN average)."""
 
     average: torch.Tensor
     bytes_sent: int
+    payload: int = 0
+    taking_part: int = 0
 
 
 def _drop_nonfinite(residual: torch.Tensor) -> None:
@@ -214,45 +219,70 @@ def lowbit_average(
     *,
     block: int = BLOCK_NUMEL,
     generator: torch.Generator | None = None,
+    taking_part: bool | None = None,
 ) -> LowbitRound:
     """Average the 1-D float32 ``delta`` over ``comm``'s workers in ``bits``-bit wire format.
 
-    All workers call it with tensors of the same length, ``bits`` and ``block``. With
-    ``feedback``, its residuals are added to this round's input and replaced by what this
-    round's encodings left out; without it, that is dropped. ``generator`` makes the rounding
-    stochastic (this worker's draws only). ``delta`` is not modified. With one worker nothing is
-    sent: the average is the input (``delta`` plus the residual, which is then zero).
+    All workers call it with tensors of the same length, ``bits``, ``block`` and the same kind
+    of ``taking_part`` (None on all, or a bool on all). With ``feedback``, its residuals are
+    added to this round's input and replaced by what this round's encodings left out; without
+    it, that is dropped. ``generator`` makes the rounding stochastic (this worker's draws only).
+    ``delta`` is not modified. With one worker nothing is sent: the average is the input
+    (``delta`` plus the residual, which is then zero).
+
+    ``taking_part``: None, every worker's input counts and the sum is divided by the world
+    size. A bool: each chunk carries this worker's weight (1 or 0, a float32 after its scales);
+    a worker not taking part sends zero chunks and keeps its residual for a later round (it
+    still owns its shard: it sums, re-encodes and sends it, updating its shard residual), and
+    each owner divides its sum by the weights' sum, which every worker then knows.
     """
     _check_flat(delta, "lowbit_average input")
     bits, block = _check_bits(bits), _check_block(block)
     n, world, rank = delta.numel(), comm.world_size, comm.rank
     if feedback is not None and feedback.residual.shape != delta.shape:
         raise ValueError(f"Error-feedback residual has {feedback.residual.numel()} elements, the input {n}")
-    u = delta + feedback.residual if feedback is not None else delta.clone()
+    weighted = taking_part is not None
+    # What this worker sends and the residual that tracks it; a worker not taking part sends
+    # zeros, and its residual waits for a round it takes part in.
+    sending = feedback if not weighted or taking_part else None
+    u = torch.zeros_like(delta) if weighted and not taking_part else delta + sending.residual if sending is not None else delta.clone()
     if world == 1 or n == 0:
-        if feedback is not None:
-            feedback.residual.zero_()
-        return LowbitRound(u, 0)
+        if sending is not None:
+            sending.residual.zero_()
+        return LowbitRound(u, 0, 0, int(taking_part) if weighted else world)
 
     m = -(-n // world)  # chunk length: chunk j is worker j's shard
     chunks = torch.nn.functional.pad(u, (0, m * world - n)).view(world, m)
     codes, scales = _encode_rows(chunks, bits, block, generator)
-    if feedback is not None:
+    if sending is not None:
         sent = _decode_rows(codes, scales, m, bits, block).reshape(-1)[:n]
-        feedback.residual.copy_(u - sent)
-        _drop_nonfinite(feedback.residual)
+        sending.residual.copy_(u - sent)
+        _drop_nonfinite(sending.residual)
     cb, nb = codes.shape[1], scales.shape[1]
     wire = cb + 4 * nb  # bytes of one encoded chunk
-    payload = torch.cat([codes, scales.view(torch.uint8)], dim=1)  # [world, wire]
+    fields = [codes, scales.view(torch.uint8)]
+    if weighted:
+        weight = torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=delta.device)
+        fields.append(weight.view(torch.uint8))
+    payload = torch.cat(fields, dim=1)  # [world, wire (+ 4)]
     received = torch.empty_like(payload)
     comm.all_to_all(list(payload.unbind(0)), list(received.unbind(0)))
 
     # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
-    parts = _decode_rows(received[:, :cb], received[:, cb:].contiguous().view(torch.float32), m, bits, block)
+    parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block)
     shard = parts[0].clone()
     for i in range(1, world):
         shard.add_(parts[i])
-    shard.div_(world)
+    if weighted:
+        weights = received[:, wire:].contiguous().view(torch.float32)[:, 0]
+        total = weights[0].clone()
+        for i in range(1, world):
+            total.add_(weights[i])
+        shard.div_(total)
+        count = int(total.item())
+    else:
+        shard.div_(world)
+        count = world
     if feedback is not None:
         if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
             feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=delta.device)
@@ -266,4 +296,5 @@ def lowbit_average(
     comm.all_gather(mine, list(gathered.unbind(0)))
 
     average = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block)
-    return LowbitRound(average.reshape(-1)[:n].clone(), 2 * (world - 1) * wire)
+    return LowbitRound(average.reshape(-1)[:n].clone(), (world - 1) * (payload.shape[1] + wire), payload.numel(), count)
+

@@ -64,14 +64,18 @@ class PeriodicAverager:
             :mod:`localclip.averaging.round`). Results do not depend on it.
         compression: ``"none"``, or send the change since the anchor as ``"bf16"`` or
             ``"fp16"`` (see :mod:`localclip.averaging.compression`; fp16 keeps 3 more mantissa
-            bits but overflows beyond ±65504, which counts as non-finite).
+            bits but overflows beyond ±65504, which counts as non-finite), or as ``"int8"`` or
+            ``"int4"`` codes with a float32 scale per 256 elements (:mod:`localclip.lowbit`).
+        error_feedback: with int8/int4, keep what each round's encodings left out and add it
+            to the next round (checkpointed in :meth:`state_dict`); False drops it.
         outer_optimizer: ``None`` (plain averaging), an :class:`~localclip.outer.OuterSGD`, or a
             factory ``params -> torch.optim.Optimizer`` (see :mod:`localclip.outer`).
 
     Memory: with ``compression`` or ``outer_optimizer``, one more copy of the averaged tensors
     (the anchor, :attr:`anchor_numel`), plus the outer optimizer's state (``OuterSGD``: its
-    momentum buffer, one copy of the parameters when ``momentum > 0``), plus for compression a
-    2-byte send buffer of the same length.
+    momentum buffer, one copy of the parameters when ``momentum > 0``), plus for bf16/fp16 a
+    2-byte send buffer of the same length, for int8/int4 with error feedback a float32 residual
+    of the same length and one of a 1/world-size shard.
 
     Attributes:
         rounds: averaging rounds so far.
@@ -95,11 +99,14 @@ class PeriodicAverager:
         chunk_bytes: int | str | None = DEFAULT_CHUNK_BYTES,
         compression: str = "none",
         outer_optimizer: OuterSGD | TorchOuter | Callable | None = None,
+        error_feedback: bool = True,
     ):
         self.schedule = Schedule(period, warmup_steps)
         if chunk_bytes not in (None, "auto") and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
             raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1, None or 'auto')")
         _compression.check(compression)
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"Invalid error_feedback: {error_feedback!r} (expected True or False)")
         outer = make_outer(outer_optimizer)
         if optimizer_state not in OPTIMIZER_STATE_MODES:
             raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
@@ -128,13 +135,14 @@ class PeriodicAverager:
         if not self._buckets:
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters or floating-point buffers to average")
         self._round = Round(self.comm, self._buckets, participants=participants, participation_seed=participation_seed,
-                            skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer)
+                            skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer,
+                            compression=compression, error_feedback=error_feedback)
         # Every worker starts from rank 0's model (x₀ is shared).
         self._collective("initial broadcast", lambda: self.comm.broadcast([b.values for b in self._buckets], src=0))
         if compression != "none" or outer is not None:
             for b in self._buckets:
                 b.anchor = b.values.clone()
-                if compression != "none":
+                if compression in _compression.WIRE_DTYPES:
                     b.wire = _compression.make_wire(b, compression)
             if outer is not None:
                 outer.bind([b.anchor[: b.n_params] for b in self._buckets if b.n_params])
@@ -262,6 +270,7 @@ class PeriodicAverager:
             "compression": self.compression,
             "outer": None if self.outer is None else self.outer.state_dict(),
             "anchors": [None if b.anchor is None else b.anchor.clone() for b in self._buckets],
+            "error_feedback": None if self._round.feedback is None else [f.state_dict() for f in self._round.feedback],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -276,8 +285,18 @@ class PeriodicAverager:
         theirs = None if saved_outer is None else saved_outer.get("kind")
         if ours != theirs:
             raise ValueError(f"Checkpoint outer optimizer {theirs or 'none'!r} differs from this run's {ours or 'none'!r}")
+        feedback, ours = state.get("error_feedback"), self._round.feedback
+        if (feedback is None) != (ours is None):
+            raise ValueError(f"Checkpoint error feedback {'on' if feedback is not None else 'off'} differs from this run's "
+                             f"{'on' if ours is not None else 'off'}")
+        if ours is not None:
+            for f, saved in zip(ours, feedback):
+                if saved["residual"].shape != f.residual.shape:
+                    raise ValueError(f"Checkpoint error-feedback residual has {saved['residual'].numel()} elements, expected {f.residual.numel()}")
         if self.outer is not None:
             self.outer.load_state_dict(saved_outer)
+        for f, saved in zip(ours or [], feedback or []):
+            f.load_state_dict(saved)
         for b, anchor in zip(self._buckets, state.get("anchors") or [None] * len(self._buckets)):
             if b.anchor is not None and anchor is not None:
                 b.anchor.copy_(anchor)

@@ -9,6 +9,16 @@ left-out worker's values never reach the others. After the transport, the work o
 (rescaling, decoding a compressed round, the outer step, the new anchor) runs block by block,
 while each block is in cache.
 
+A low-bit round (``compression="int8"|"int4"``) is no all-reduce: each worker's change since
+the anchor goes through :func:`localclip.lowbit.lowbit_average` (all-to-all, float32 sums in
+rank order, all-gather), one call per flat bucket, each chunk carrying its sender's weight in
+place of the all-reduce's weight. The same policies hold: a worker not sampled (partial
+participation) or left out for non-finite values (its change, checked before anything is sent)
+sends zeros with weight 0 and keeps its error-feedback residual for a later round, and the
+owners divide by the weights' sum; every worker still owns its shard of the reduction, so the
+bytes do not depend on who takes part. The decoded average change is added to the anchor, and
+the outer step (if any) takes ``anchor − that`` as its pseudo-gradient, as in a 2-byte round.
+
 Chunking: the all-reduce can be split into chunks so that the work on the first chunks overlaps
 the transport of the rest. That pays only where there is work after the transport, a round
 with an outer step; the averager's ``chunk_bytes="auto"`` chooses it then (measurements in
@@ -21,8 +31,10 @@ import torch
 
 from localclip.averaging import compression
 from localclip.averaging.buffers import BLOCK_NUMEL, FlatBucket
+from localclip.averaging.compression import LOWBIT
 from localclip.data.sharding import sample_participants
 from localclip.errors import NonFiniteError
+from localclip.lowbit import ErrorFeedback, lowbit_average
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "OUTER_CHUNK_BYTES", "Round"]
 
@@ -35,10 +47,16 @@ OUTER_CHUNK_BYTES = 8 << 20
 class Round:
     """Runs rounds over ``buckets``: see the module docstring. Holds no counters: the averager does."""
 
-    def __init__(self, comm, buckets: list[FlatBucket], *, participants, participation_seed, skip_nonfinite, chunk_bytes, outer):
+    def __init__(self, comm, buckets: list[FlatBucket], *, participants, participation_seed, skip_nonfinite, chunk_bytes, outer,
+                 compression: str = "none", error_feedback: bool = True):
         self.comm, self.buckets = comm, buckets
         self.participants, self.participation_seed = participants, participation_seed
         self.skip_nonfinite, self.chunk_bytes, self.outer = skip_nonfinite, chunk_bytes, outer
+        # Low-bit rounds: the codes' bits, and each bucket's error feedback (None: none kept).
+        self.bits = LOWBIT.get(compression)
+        self.feedback: list[ErrorFeedback] | None = None
+        if self.bits is not None and error_feedback:
+            self.feedback = [ErrorFeedback(b.values.numel(), device=b.values.device) for b in buckets]
         first = buckets[0].values
         self._weight = torch.zeros(1, dtype=torch.float32, device=first.device)
         self._found = torch.zeros(1, dtype=torch.float32, device=first.device)
@@ -53,6 +71,8 @@ class Round:
             expected = self.participants
             chosen = sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)
             taking_part = self.comm.rank in chosen
+        if self.bits is not None:
+            return self._run_lowbit(index, taking_part, collective, on_left_out)
         if taking_part and not self._prepare(expected):
             if not self.skip_nonfinite:
                 raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
@@ -119,14 +139,53 @@ class Round:
             anchor = b.anchor[start:end]
             if b.wire is not None:
                 values.add_(anchor)  # x̄ = a + mean change
-            split = min(max(b.n_params - start, 0), end - start)  # parameters first, then buffers
-            if self.outer is not None and split:
-                if self.outer.blockwise:
-                    self.outer.apply(index, start, values[:split], anchor[:split])
-                # else the outer step reads the parameters' anchor after the transport
-                anchor[split:].copy_(values[split:])
-                continue
-            anchor.copy_(values)
+            self._step_anchor(b, index, start, end, values, anchor)
+
+    def _step_anchor(self, b: FlatBucket, index: int, start: int, end: int, values: torch.Tensor, anchor: torch.Tensor) -> None:
+        """``values`` holds the block's average x̄: the outer step (if any) on its parameters, and
+        the new anchor. ``index``: the bucket's place among those with parameters."""
+        split = min(max(b.n_params - start, 0), end - start)  # parameters first, then buffers
+        if self.outer is not None and split:
+            if self.outer.blockwise:
+                self.outer.apply(index, start, values[:split], anchor[:split])
+            # else the outer step reads the parameters' anchor after the transport
+            anchor[split:].copy_(values[split:])
+            return
+        anchor.copy_(values)
+
+    def _run_lowbit(self, index: int, taking_part: bool, collective, on_left_out) -> int:
+        """A low-bit round (see the module docstring); returns its payload bytes."""
+        changes = []
+        if taking_part:
+            # The change in float32 (lowbit's format), checked before anything leaves this worker.
+            changes = [torch.sub(b.values, b.anchor).to(torch.float32) for b in self.buckets]
+            if not all(bool(torch.isfinite(c).all()) for c in changes):
+                if not self.skip_nonfinite:
+                    raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
+                taking_part = False
+                on_left_out()
+        if not taking_part:
+            changes = [torch.zeros(b.values.numel(), dtype=torch.float32, device=b.values.device) for b in self.buckets]
+        payload = 0
+        with_params = 0
+        for i, (b, change) in enumerate(zip(self.buckets, changes)):
+            feedback = None if self.feedback is None else self.feedback[i]
+            result = []
+            collective("model averaging", lambda: result.append(
+                lowbit_average(self.comm, change, self.bits, feedback, taking_part=taking_part)))
+            average, _, sent, count = result[0]
+            if count == 0:
+                raise NonFiniteError(f"averaging round {index + 1}: no worker had finite parameters")
+            payload += sent
+            for start in range(0, b.values.numel(), BLOCK_NUMEL):
+                end = min(start + BLOCK_NUMEL, b.values.numel())
+                values, anchor = b.values[start:end], b.anchor[start:end]
+                torch.add(anchor, average[start:end], out=values)  # x̄ = a + mean change
+                self._step_anchor(b, with_params, start, end, values, anchor)
+            with_params += bool(b.n_params)
+        if self.outer is not None and not self.outer.blockwise:
+            self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
+        return payload
 
     @torch.no_grad()
     def buffers_only(self, collective) -> int:
