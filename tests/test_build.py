@@ -67,6 +67,8 @@ def by_hand(config, model):
             outer = OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
         options.update(outer_optimizer=outer, compression=config.compression, participants=config.participants,
                        participation_seed=config.seed)
+        if config.compression in ("int8", "int4"):
+            options.update(error_feedback=config.error_feedback)
     gamma = math.inf if config.algorithm == "local-sgd" else config.gamma
     if config.inner_optimizer == "clipped_sgd":
         if cls is NaiveParallelClipping:
@@ -164,6 +166,28 @@ def test_explicit_values_an_algorithm_would_replace_are_refused(tmp_path, capsys
     code = main(["train", "ptb-small", *flags, "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and all(f in err for f in fields) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_low_bit_rounds_without_error_feedback_run_what_the_library_composition_runs():
+    argvs = [
+        ["--compression", "int4", "--no-error-feedback"],
+        ["--compression", "int8", "--no-error-feedback", "--algorithm", "episode"],
+        ["--compression", "int4", "--no-error-feedback", "--inner-optimizer", "adamw", "--lr", "0.01", "--outer-optimizer", "nesterov"],
+    ]
+    configs = [train_config(["ptb-small", "--workers", "2", "--period", "2", *argv]) for argv in argvs]
+    assert all(cfg.error_feedback is False for cfg in configs)
+    for rank_results in SimulatedWorld(2).run(_both, configs):
+        for argv, (built, hand) in zip(argvs, rank_results):
+            assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:], argv
+
+
+@pytest.mark.parametrize("flags", [["--no-error-feedback"], ["--no-error-feedback", "--compression", "bf16"]])
+def test_error_feedback_off_without_low_bit_rounds_is_refused_naming_both(tmp_path, capsys, flags):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", *flags, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Invalid error_feedback: False" in err and "compression=" in err and err.count("\n") == 1, err
     assert not out.exists()
 
 

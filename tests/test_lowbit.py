@@ -220,6 +220,34 @@ def test_a_nonfinite_input_on_one_worker_is_nan_in_its_block_everywhere_and_does
         assert finite_after and torch.isfinite(second).all()
 
 
+def test_a_worker_not_taking_part_sends_zeros_with_weight_0_and_keeps_its_residual():
+    """Rank 1 of 3 is left out: the others' inputs (with their residuals) are averaged over 2,
+    every worker decodes the same bits and knows the count, rank 1's residual waits; the bytes
+    count each chunk's 4-byte weight. Nobody taking part leaves a NaN average and a count of 0."""
+    n, world = 3001, 3
+    chunk = encoded_nbytes(-(-n // world), 8)
+
+    def worker(nobody):
+        comm = current()
+        fb = ErrorFeedback(n)
+        fb.residual.fill_(0.01 * (comm.rank + 1))
+        held = fb.residual.clone()
+        delta = torch.randn(n, generator=torch.Generator().manual_seed(comm.rank))
+        res = lowbit_average(comm, delta, 8, fb, taking_part=not nobody and comm.rank != 1)
+        return res, delta + held, fb.residual.clone(), held
+
+    out = SimulatedWorld(world).run(worker, False)
+    truth = (out[0][1] + out[2][1]) / 2
+    step = max(out[0][1].abs().max(), out[2][1].abs().max()) / 127
+    for rank, (res, _, residual, held) in enumerate(out):
+        assert _same_bits(res.average, out[0][0].average) and res.taking_part == 2
+        assert res.bytes_sent == (world - 1) * (2 * chunk + 4) and res.payload == world * (chunk + 4)
+        assert (res.average - truth).abs().max() <= 2 * step
+        assert _same_bits(residual, held) == (rank == 1)
+    for res, *_ in SimulatedWorld(world).run(worker, True):
+        assert res.taking_part == 0 and torch.isnan(res.average).all()
+
+
 def test_a_world_of_one_sends_nothing_and_returns_the_input():
     fb = ErrorFeedback(5)
     fb.residual.fill_(0.25)

@@ -41,15 +41,23 @@ Summed over rounds, the decoded averages equal the averages of the true inputs m
 current residuals (``mean_i e_i + f``): the running sum tracks the truth within one round's
 quantization error, instead of drifting by a bias each round.
 
-Bytes. What this worker puts on the wire to its peers, scales and padding included: in the
-all-to-all its ``world_size - 1`` chunks for the others, in the all-gather its shard to each of
-the ``world_size - 1`` others (a worker's own chunk never leaves it). Chunks are
-``ceil(numel / world_size)`` elements, so padding is under ``world_size`` elements (one more
-code per chunk for odd int4 chunks). A float32 all-reduce with the same reduce-scatter and
-all-gather pattern (what :mod:`localclip.comm.distributed` does for three or more workers, and
-what a ring moves) sends ``2 * (world_size - 1)`` float32 chunks; with two workers that is
-``numel * 4`` bytes. The encoded bytes assume the workers share one byte order (scales travel
-as raw float32 bytes).
+Weights. With ``taking_part`` each chunk also carries its sender's weight (a float32, 1 or 0),
+so that a round can leave workers out (partial participation, non-finite values) without a
+collective of its own: a worker left out sends zero chunks with weight 0, and each owner divides
+its sum by the weights' sum, which every worker receives in the all-to-all and so knows.
+
+Bytes. :attr:`LowbitRound.bytes_sent` is what this worker puts on the wire to its peers, scales,
+padding and weights included: in the all-to-all its ``world_size - 1`` chunks for the others, in
+the all-gather its shard to each of the ``world_size - 1`` others (a worker's own chunk never
+leaves it). Chunks are ``ceil(numel / world_size)`` elements, so padding is under
+``world_size`` elements (one more code per chunk for odd int4 chunks). A float32 all-reduce
+with the same reduce-scatter and all-gather pattern (what :mod:`localclip.comm.distributed`
+does for three or more workers, and what a ring moves) sends ``2 * (world_size - 1)`` float32
+chunks; with two workers that is ``numel * 4`` bytes. :attr:`LowbitRound.payload` is the
+all-to-all's send buffer, every chunk with its own: the whole input encoded, the counterpart of
+an all-reduce's tensor (what the averager counts; on the wire both move about
+``2 (world_size - 1) / world_size`` times that). The encoded bytes assume the workers share one
+byte order (scales travel as raw float32 bytes).
 """
 
 from __future__ import annotations

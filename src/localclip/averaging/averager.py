@@ -107,6 +107,8 @@ class PeriodicAverager:
         _compression.check(compression)
         if not isinstance(error_feedback, bool):
             raise ValueError(f"Invalid error_feedback: {error_feedback!r} (expected True or False)")
+        if not error_feedback and compression not in _compression.LOWBIT:
+            raise ValueError(f"Invalid error_feedback=False with compression={compression!r}: it applies to {', '.join(_compression.LOWBIT)}")
         outer = make_outer(outer_optimizer)
         if optimizer_state not in OPTIMIZER_STATE_MODES:
             raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
