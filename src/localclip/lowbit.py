@@ -68,7 +68,7 @@ import torch
 
 from localclip.comm.base import Communicator
 
-__all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitRound", "decode", "encode", "encoded_nbytes", "lowbit_average"]
+__all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitRound", "Scratch", "decode", "encode", "encoded_nbytes", "lowbit_average"]
 
 BLOCK_NUMEL = 256
 _QMAX = {8: 127, 4: 7}
@@ -110,44 +110,140 @@ class Encoded(NamedTuple):
         return self.codes.numel() + 4 * self.scales.numel()
 
 
+def _padded(rows: int, m: int, block: int, device, scratch: "Scratch | None" = None, name: str = "") -> torch.Tensor:
+    """A float32 matrix of ``rows`` rows of whole blocks covering ``m`` elements, zero past ``m``
+    (only the tail is cleared: the caller fills columns ``[0, m)``)."""
+    width = -(-m // block) * block
+    xp = _buffer(scratch, name, (rows, width), torch.float32, device)
+    xp[:, m:].zero_()
+    return xp
+
+
+class Scratch:
+    """Buffers that :func:`lowbit_average` reuses from one call to the next: a round allocates
+    several copies of the model, and fresh memory costs a page fault per 4 KiB (about half of
+    a round's time on the CPU without them). One per caller (per flat bucket); not thread-safe."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        t = self._buffers.get(name)
+        if t is None or t.shape != torch.Size(shape) or t.dtype != dtype or t.device != torch.device(device):
+            t = self._buffers[name] = torch.empty(shape, dtype=dtype, device=device)
+        return t
+
+
+def _buffer(scratch: Scratch | None, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device) if scratch is None else scratch.get(name, shape, dtype, device)
+
+
+def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor, *others: torch.Tensor) -> None:
+    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat`` (plus each of ``others``,
+    added in order); rows past its end hold zeros."""
+    n = flat.numel()
+    full, rest = divmod(n, m)
+    for lo, hi, target in ((0, full * m, xp[:full, :m]), (full * m, n, xp[full:full + 1, : rest])):
+        if hi == lo:
+            continue
+        src = flat[lo:hi].view(target.shape)
+        if others:
+            torch.add(src, others[0][lo:hi].view(target.shape), out=target)
+            for extra in others[1:]:
+                target.add_(extra[lo:hi].view(target.shape))
+        else:
+            target.copy_(src)
+    if rest:
+        xp[full, rest:m].zero_()
+    xp[full + (rest > 0):, :m].zero_()
+
+
+def _sub_rows(flat: torch.Tensor, xp: torch.Tensor, m: int) -> None:
+    """``flat`` minus columns ``[0, m)`` of ``xp``'s rows (laid out as :func:`_rows_from_flat`)."""
+    n = flat.numel()
+    full, rest = divmod(n, m)
+    flat[: full * m].view(full, m).sub_(xp[:full, :m])
+    if rest:
+        flat[full * m :].sub_(xp[full, :rest])
+
+
+def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_rows_from_flat`: ``out`` (flat) takes columns ``[0, m)`` of ``xp``'s rows."""
+    n = out.numel()
+    full, rest = divmod(n, m)
+    out[: full * m].view(full, m).copy_(xp[:full, :m])
+    if rest:
+        out[full * m :].copy_(xp[full, :rest])
+    return out
+
+
 @torch.no_grad()
-def _encode_rows(x: torch.Tensor, bits: int, block: int, generator: torch.Generator | None):
-    """Encode each row of the float32 matrix ``x`` on its own: (codes [rows, code bytes], scales [rows, blocks])."""
-    rows, m = x.shape
+def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: torch.Generator | None,
+                 codes_out: torch.Tensor | None = None, scratch: Scratch | None = None):
+    """Encode each row of ``xp`` (float32 ``[rows, whole blocks]``, zero past column ``m``) on its
+    own: (codes ``[rows, code bytes of m]``, scales ``[rows, blocks]``, whether a block was lost).
+    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block).
+    The codes go into ``codes_out`` if given (uint8 ``[rows, code bytes]``, may be a strided view).
+
+    Few passes and no large allocation but the codes, because a round encodes the whole model
+    twice: the absmax comes from one min/max pass (NaN propagates through it, so a block with a
+    NaN or an Inf is found from its scale alone), a lost block is cleared only when there is
+    one, and the quotient, its rounding and the decoding are done in ``xp`` itself."""
+    rows = xp.shape[0]
     qmax = _QMAX[bits]
-    nb = -(-m // block)
-    blocks = torch.nn.functional.pad(x, (0, nb * block - m)).view(rows, nb, block)
-    finite = torch.isfinite(blocks).all(dim=2)
-    scales = blocks.abs().amax(dim=2) / qmax
-    scales = torch.where(finite, scales, torch.full_like(scales, float("nan")))
-    divisor = torch.where(finite & (scales > 0), scales, torch.ones_like(scales))
-    y = blocks / divisor.unsqueeze(2)
+    nb = xp.shape[1] // block
+    blocks = xp.view(rows, nb, block)
+    lo, hi = torch.aminmax(blocks, dim=2)
+    scales = torch.maximum(hi, lo.neg_()).div_(qmax)
+    finite = torch.isfinite(scales)
+    lost = not bool(finite.all())
+    if lost:
+        scales.masked_fill_(~finite, float("nan"))
+        blocks.masked_fill_(~finite.unsqueeze(2), 0.0)
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))  # NaN > 0 is False
+    y = blocks.div_(divisor.unsqueeze(2))
     if generator is None:
-        q = torch.round(y)
+        y.round_()
     else:
-        q = torch.floor(y + torch.rand(y.shape, generator=generator, dtype=y.dtype, device=y.device))
-    q = torch.where(finite.unsqueeze(2), q.clamp(-qmax, qmax), torch.zeros_like(q))
-    q = q.view(rows, nb * block)[:, :m]
+        y.add_(torch.rand(y.shape, generator=generator, dtype=y.dtype, device=y.device)).floor_()
+    y.clamp_(-qmax, qmax)  # only tiny (subnormal) scales, whose quotient is inexact, need it
+    cb = m if bits == 8 else (m + 1) // 2
+    codes = torch.empty(rows, cb, dtype=torch.uint8, device=xp.device) if codes_out is None else codes_out
     if bits == 8:
-        codes = q.to(torch.int8).view(torch.uint8)
+        codes.view(torch.int8).copy_(xp[:, :m])
     else:
-        u = (q + 8).to(torch.uint8)
-        if m % 2:
-            u = torch.nn.functional.pad(u, (0, 1), value=8)  # a zero code
-        codes = u[:, 0::2] | (u[:, 1::2] << 4)
-    return codes.contiguous(), scales.contiguous()
+        # Past m the values are zeros, so an odd m's padding code is a zero code (8).
+        q = _buffer(scratch, "int4", (rows, 2 * cb), torch.int8, xp.device)
+        q.copy_(xp[:, : 2 * cb])
+        q = q.view(torch.uint8).add_(8)  # -7..7 as uint8 wraps to 1..15
+        torch.bitwise_or(q[:, 0::2], q[:, 1::2].bitwise_left_shift(4), out=codes)
+    blocks.mul_(scales.unsqueeze(2))
+    return codes, scales.contiguous(), lost
+
+
+def _drop_nonfinite(residual: torch.Tensor) -> None:
+    residual.masked_fill_(~torch.isfinite(residual), 0.0)
 
 
 @torch.no_grad()
-def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int) -> torch.Tensor:
-    """Decode :func:`_encode_rows`' output back to a float32 matrix of rows of ``m`` elements."""
+def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode :func:`_encode_rows`' output back to float32: a ``[rows, m]`` view of whole blocks
+    (of ``out``, float32 ``[rows, blocks * block]``, if given)."""
     rows, nb = scales.shape
+    if out is None:
+        out = torch.empty(rows, nb * block, dtype=torch.float32, device=codes.device)
     if bits == 8:
-        q = codes.view(torch.int8).to(torch.float32)
+        out[:, :m].copy_(codes.view(torch.int8))
+        used = m
     else:
-        q = torch.stack([codes & 0xF, codes >> 4], dim=2).view(rows, -1)[:, :m].to(torch.float32) - 8
-    q = torch.nn.functional.pad(q, (0, nb * block - m)).view(rows, nb, block)
-    return (q * scales.unsqueeze(2)).view(rows, nb * block)[:, :m]
+        used = 2 * codes.shape[1]
+        out[:, 0:used:2].copy_(codes & 0xF)
+        out[:, 1:used:2].copy_(codes >> 4)
+        out[:, :used].sub_(8)
+    out[:, used:].zero_()
+    out.view(rows, nb, block).mul_(scales.unsqueeze(2))
+    return out[:, :m]
 
 
 def _check_flat(x: torch.Tensor, what: str) -> None:
@@ -159,13 +255,15 @@ def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: t
     """Encode the 1-D float32 tensor ``x`` with ``bits`` = 8 or 4 (see the module docstring)."""
     _check_flat(x, "encode input")
     bits, block = _check_bits(bits), _check_block(block)
-    codes, scales = _encode_rows(x.view(1, -1), bits, block, generator)
+    xp = _padded(1, x.numel(), block, x.device)
+    xp[0, : x.numel()].copy_(x)
+    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator)
     return Encoded(codes[0], scales[0], x.numel(), bits, block)
 
 
 def decode(enc: Encoded) -> torch.Tensor:
     """The float32 values that ``enc`` stands for."""
-    return _decode_rows(enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block)[0]
+    return _decode_rows(enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block)[0].clone()
 
 
 class ErrorFeedback:
@@ -214,10 +312,6 @@ class LowbitRound(NamedTuple):
     taking_part: int = 0
 
 
-def _drop_nonfinite(residual: torch.Tensor) -> None:
-    residual.masked_fill_(~torch.isfinite(residual), 0.0)
-
-
 @torch.no_grad()
 def lowbit_average(
     comm: Communicator,
@@ -228,6 +322,7 @@ def lowbit_average(
     block: int = BLOCK_NUMEL,
     generator: torch.Generator | None = None,
     taking_part: bool | None = None,
+    scratch: Scratch | None = None,
 ) -> LowbitRound:
     """Average the 1-D float32 ``delta`` over ``comm``'s workers in ``bits``-bit wire format.
 
@@ -243,6 +338,9 @@ def lowbit_average(
     a worker not taking part sends zero chunks and keeps its residual for a later round (it
     still owns its shard: it sums, re-encodes and sends it, updating its shard residual), and
     each owner divides its sum by the weights' sum, which every worker then knows.
+
+    ``scratch``: buffers to reuse between calls (:class:`Scratch`); the returned average then
+    lives in it, until the next call with the same scratch.
     """
     _check_flat(delta, "lowbit_average input")
     bits, block = _check_bits(bits), _check_block(block)
@@ -253,33 +351,45 @@ def lowbit_average(
     # What this worker sends and the residual that tracks it; a worker not taking part sends
     # zeros, and its residual waits for a round it takes part in.
     sending = feedback if not weighted or taking_part else None
-    u = torch.zeros_like(delta) if weighted and not taking_part else delta + sending.residual if sending is not None else delta.clone()
     if world == 1 or n == 0:
+        u = torch.zeros_like(delta) if weighted and not taking_part else delta + sending.residual if sending is not None else delta.clone()
         if sending is not None:
             sending.residual.zero_()
         return LowbitRound(u, 0, 0, int(taking_part) if weighted else world)
 
+    device = delta.device
     m = -(-n // world)  # chunk length: chunk j is worker j's shard
-    chunks = torch.nn.functional.pad(u, (0, m * world - n)).view(world, m)
-    codes, scales = _encode_rows(chunks, bits, block, generator)
-    if sending is not None:
-        sent = _decode_rows(codes, scales, m, bits, block).reshape(-1)[:n]
-        sending.residual.copy_(u - sent)
-        _drop_nonfinite(sending.residual)
-    cb, nb = codes.shape[1], scales.shape[1]
+    xp = _padded(world, m, block, device, scratch, "input")
+    if weighted and not taking_part:
+        xp[:, :m].zero_()
+    elif sending is not None:
+        _rows_from_flat(xp, m, delta, sending.residual)
+    else:
+        _rows_from_flat(xp, m, delta)
+    nb = xp.shape[1] // block
+    cb = m if bits == 8 else (m + 1) // 2
     wire = cb + 4 * nb  # bytes of one encoded chunk
-    fields = [codes, scales.view(torch.uint8)]
+    # Each chunk on the wire: its codes, its scales (float32 bytes), and its weight if any.
+    payload = _buffer(scratch, "payload", (world, wire + 4 * weighted), torch.uint8, device)
+    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch)
+    payload[:, cb:wire].copy_(scales.view(torch.uint8))
     if weighted:
-        weight = torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=delta.device)
-        fields.append(weight.view(torch.uint8))
-    payload = torch.cat(fields, dim=1)  # [world, wire (+ 4)]
-    received = torch.empty_like(payload)
+        payload[:, wire:].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
+    if sending is not None:
+        # residual <- (delta + residual) - decoded: the input again, in the same order (same bits).
+        _sub_rows(sending.residual.add_(delta), xp, m)
+        if lost:
+            _drop_nonfinite(sending.residual)
+    received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
     comm.all_to_all(list(payload.unbind(0)), list(received.unbind(0)))
 
     # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
-    parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block)
-    shard = parts[0].clone()
-    for i in range(1, world):
+    decode_out = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)
+    parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, decode_out)
+    sp = _padded(1, m, block, device, scratch, "shard")
+    shard = sp[0, :m]
+    torch.add(parts[0], parts[1], out=shard)
+    for i in range(2, world):
         shard.add_(parts[i])
     if weighted:
         weights = received[:, wire:].contiguous().view(torch.float32)[:, 0]
@@ -293,16 +403,20 @@ def lowbit_average(
         count = world
     if feedback is not None:
         if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
-            feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=delta.device)
+            feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
         shard.add_(feedback.shard_residual)
-    shard_codes, shard_scales = _encode_rows(shard.view(1, m), bits, block, generator)
+        feedback.shard_residual.copy_(shard)
+    mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
+    _, shard_scales, lost = _encode_rows(sp, m, bits, block, generator, mine[:, :cb], scratch)
+    mine[:, cb:].copy_(shard_scales.view(torch.uint8))
     if feedback is not None:
-        feedback.shard_residual.copy_(shard - _decode_rows(shard_codes, shard_scales, m, bits, block)[0])
-        _drop_nonfinite(feedback.shard_residual)
-    mine = torch.cat([shard_codes[0], shard_scales[0].view(torch.uint8)])
-    gathered = torch.empty(world, wire, dtype=torch.uint8, device=delta.device)
-    comm.all_gather(mine, list(gathered.unbind(0)))
+        feedback.shard_residual.sub_(shard)
+        if lost:
+            _drop_nonfinite(feedback.shard_residual)
+    gathered = _buffer(scratch, "gathered", (world, wire), torch.uint8, device)
+    comm.all_gather(mine[0], list(gathered.unbind(0)))
 
-    average = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block)
-    return LowbitRound(average.reshape(-1)[:n].clone(), (world - 1) * (payload.shape[1] + wire), payload.numel(), count)
+    decoded = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, decode_out)
+    average = _flat_from_rows(decoded, m, _buffer(scratch, "average", (n,), torch.float32, device))
+    return LowbitRound(average, (world - 1) * (payload.shape[1] + wire), payload.numel(), count)
 

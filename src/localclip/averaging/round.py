@@ -34,7 +34,7 @@ from localclip.averaging.buffers import BLOCK_NUMEL, FlatBucket
 from localclip.averaging.compression import LOWBIT
 from localclip.data.sharding import sample_participants
 from localclip.errors import NonFiniteError
-from localclip.lowbit import ErrorFeedback, lowbit_average
+from localclip.lowbit import ErrorFeedback, Scratch, lowbit_average
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "OUTER_CHUNK_BYTES", "Round"]
 
@@ -57,6 +57,7 @@ class Round:
         self.feedback: list[ErrorFeedback] | None = None
         if self.bits is not None and error_feedback:
             self.feedback = [ErrorFeedback(b.values.numel(), device=b.values.device) for b in buckets]
+        self.scratch = [Scratch() for _ in buckets] if self.bits is not None else None
         first = buckets[0].values
         self._weight = torch.zeros(1, dtype=torch.float32, device=first.device)
         self._found = torch.zeros(1, dtype=torch.float32, device=first.device)
@@ -155,24 +156,29 @@ class Round:
 
     def _run_lowbit(self, index: int, taking_part: bool, collective, on_left_out) -> int:
         """A low-bit round (see the module docstring); returns its payload bytes."""
-        changes = []
+        # Each bucket's change since the anchor, in float32 (lowbit's format). It lives in the
+        # buffer that lowbit_average returns the average in: the change is read only before the
+        # all-to-all, the average written after the all-gather.
+        changes = [s.get("average", (b.values.numel(),), torch.float32, b.values.device) for s, b in zip(self.scratch, self.buckets)]
         if taking_part:
-            # The change in float32 (lowbit's format), checked before anything leaves this worker.
-            changes = [torch.sub(b.values, b.anchor).to(torch.float32) for b in self.buckets]
-            if not all(bool(torch.isfinite(c).all()) for c in changes):
+            found = self._found.zero_()
+            one = torch.ones(1, dtype=torch.float32, device=found.device)
+            for b, change in zip(self.buckets, changes):
+                torch.sub(b.values, b.anchor, out=change)
+                # Checked before anything leaves this worker (one pass: the multiplication by 1 is exact).
+                torch._amp_foreach_non_finite_check_and_unscale_([change], found, one)
+            if bool(found):
                 if not self.skip_nonfinite:
                     raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
                 taking_part = False
                 on_left_out()
-        if not taking_part:
-            changes = [torch.zeros(b.values.numel(), dtype=torch.float32, device=b.values.device) for b in self.buckets]
         payload = 0
         with_params = 0
         for i, (b, change) in enumerate(zip(self.buckets, changes)):
             feedback = None if self.feedback is None else self.feedback[i]
             result = []
-            collective("model averaging", lambda: result.append(
-                lowbit_average(self.comm, change, self.bits, feedback, taking_part=taking_part)))
+            collective("model averaging", lambda: result.append(lowbit_average(
+                self.comm, change, self.bits, feedback, taking_part=taking_part, scratch=self.scratch[i])))
             average, _, sent, count = result[0]
             if count == 0:
                 raise NonFiniteError(f"averaging round {index + 1}: no worker had finite parameters")
