@@ -1,7 +1,8 @@
 """Low-bit (int8, int4) averaging of a flat float32 tensor, with error feedback.
 
 Owns the block codec (:func:`encode`, :func:`decode`), the error-feedback state
-(:class:`ErrorFeedback`) and the reduction built on them (:func:`lowbit_average`). It knows
+(:class:`ErrorFeedback`), the reduction built on them (:func:`lowbit_average`) and the buffers
+it may reuse between rounds (:class:`Scratch`). It knows
 nothing of models or schedules: the averager hands it the flat change since the anchor and gets
 back the average, the same bits on every worker, and the bytes it sent.
 

@@ -74,8 +74,10 @@ class PeriodicAverager:
     Memory: with ``compression`` or ``outer_optimizer``, one more copy of the averaged tensors
     (the anchor, :attr:`anchor_numel`), plus the outer optimizer's state (``OuterSGD``: its
     momentum buffer, one copy of the parameters when ``momentum > 0``), plus for bf16/fp16 a
-    2-byte send buffer of the same length, for int8/int4 with error feedback a float32 residual
-    of the same length and one of a 1/world-size shard.
+    2-byte send buffer of the same length; for int8/int4, reused round buffers (float32: the
+    change, which later holds the average, the encoder's input and the decoded chunks, three
+    copies; the codes, about 1/4 (int8) or 1/8 (int4) of a copy, twice) and with error feedback
+    a float32 residual of the same length and one of a 1/world-size shard.
 
     Attributes:
         rounds: averaging rounds so far.
