@@ -445,9 +445,17 @@ def lowbit_worker(repeats: int, warmup: int, phases: bool, threads: int):
     torch.set_num_threads(threads)
     comm = current()
     averagers = {c: PeriodicAverager(build(comm.rank), period=1, group=comm, compression=c) for c in LOWBIT_COMPRESSIONS}
-    ops = {c: functools.partial(avg.average, force=True) for c, avg in averagers.items()}
+    cpu = {c: [] for c in averagers}
+
+    def timed(c):
+        t0 = time.process_time()
+        averagers[c].average(force=True)
+        cpu[c].append(time.process_time() - t0)
+
+    ops = {c: functools.partial(timed, c) for c in averagers}
     result = {"numel": averagers["none"].numel, "threads": torch.get_num_threads(), "world": comm.world_size}
     result["times"] = _slowest(_interleave(ops, repeats, warmup))
+    result["cpu"] = _slowest({c: v[warmup:] for c, v in cpu.items()})
     result["bytes"] = {c: avg.bytes_communicated / avg.rounds for c, avg in averagers.items()}
     return result if comm.rank == 0 else None
 
@@ -458,13 +466,14 @@ def _print_lowbit(res: dict, title: str, elapsed: float, repeats: int, link: Sha
           f"slowest rank per round; {elapsed:.0f}s ===")
     times, nbytes = res["times"], res["bytes"]
     base = statistics.median(times["none"])
-    print(f"{'compression':<12} {'median ms':>10} {'IQR ms':>15} {'time ratio':>10} {'paired':>7} {'bytes/round':>13} {'bytes ratio':>11}")
+    print(f"{'compression':<12} {'median ms':>10} {'IQR ms':>15} {'time ratio':>10} {'paired':>7} {'CPU ms':>7} {'bytes/round':>13} {'bytes ratio':>11}")
     for c in LOWBIT_COMPRESSIONS:
         t = times[c]
         q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
         paired = statistics.median(x / b for x, b in zip(t, times["none"]))
         print(f"{c:<12} {1e3 * statistics.median(t):>10.1f} {1e3 * q[0]:>7.1f}-{1e3 * q[2]:<7.1f} {statistics.median(t) / base:>10.2f} "
-              f"{paired:>7.2f} {nbytes[c]:>13,.0f} {nbytes[c] / nbytes['none']:>11.4f}")
+              f"{paired:>7.2f} {1e3 * statistics.median(res['cpu'][c]):>7.0f} {nbytes[c]:>13,.0f} {nbytes[c] / nbytes['none']:>11.4f}")
+    print("   CPU ms: the process's CPU time in the round (slowest rank), the part a busier or slower CPU stretches")
 
 
 if __name__ == "__main__":
