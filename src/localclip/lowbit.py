@@ -42,6 +42,12 @@ Summed over rounds, the decoded averages equal the averages of the true inputs m
 current residuals (``mean_i e_i + f``): the running sum tracks the truth within one round's
 quantization error, instead of drifting by a bias each round.
 
+Transport. Each phase is issued as several collectives of at most :data:`PIECE_BYTES` per
+peer, all started (``start_all_to_all``, ``start_all_gather``) before the first is waited for:
+over gloo on a shaped 100 Mbit/s link one all-to-all of 12.3 MB each way took 1.9-2.1 s (twice
+the wire time) and 8 such pieces one after the other as long, while 32 pieces in flight
+together took 1.04 s. The pieces carry the same bytes, so the results do not depend on them.
+
 Weights. With ``taking_part`` each chunk also carries its sender's weight (a float32, 1 or 0),
 so that a round can leave workers out (partial participation, non-finite values) without a
 collective of its own: a worker left out sends zero chunks with weight 0, and each owner divides
@@ -72,6 +78,9 @@ from localclip.comm.base import Communicator
 __all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitRound", "Scratch", "decode", "encode", "encoded_nbytes", "lowbit_average"]
 
 BLOCK_NUMEL = 256
+# Each phase goes out as collectives of at most this many bytes per peer, all started before any
+# is waited for (see "Transport" in the module docstring).
+PIECE_BYTES = 512 << 10
 _QMAX = {8: 127, 4: 7}
 
 
@@ -127,6 +136,12 @@ class Scratch:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+
+    def output(self, numel: int, device) -> torch.Tensor:
+        """The float32 buffer that :func:`lowbit_average` returns the average in. A caller may
+        keep that call's input there: the input is read only before the all-to-all, the average
+        written after the all-gather."""
+        return self.get("average", (numel,), torch.float32, device)
 
     def get(self, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
         t = self._buffers.get(name)
@@ -313,6 +328,11 @@ class LowbitRound(NamedTuple):
     taking_part: int = 0
 
 
+def _pieces(nbytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of at most :data:`PIECE_BYTES` covering ``nbytes`` (one empty range for 0)."""
+    return [(lo, min(nbytes, lo + PIECE_BYTES)) for lo in range(0, max(nbytes, 1), PIECE_BYTES)]
+
+
 @torch.no_grad()
 def lowbit_average(
     comm: Communicator,
@@ -345,7 +365,7 @@ def lowbit_average(
     """
     _check_flat(delta, "lowbit_average input")
     bits, block = _check_bits(bits), _check_block(block)
-    n, world, rank = delta.numel(), comm.world_size, comm.rank
+    n, world = delta.numel(), comm.world_size
     if feedback is not None and feedback.residual.shape != delta.shape:
         raise ValueError(f"Error-feedback residual has {feedback.residual.numel()} elements, the input {n}")
     weighted = taking_part is not None
@@ -382,7 +402,10 @@ def lowbit_average(
         if lost:
             _drop_nonfinite(sending.residual)
     received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
-    comm.all_to_all(list(payload.unbind(0)), list(received.unbind(0)))
+    pending = [comm.start_all_to_all(list(payload[:, lo:hi].unbind(0)), list(received[:, lo:hi].unbind(0)))
+               for lo, hi in _pieces(payload.shape[1])]
+    for p in pending:
+        p.wait()
 
     # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
     decode_out = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)
@@ -415,9 +438,12 @@ def lowbit_average(
         if lost:
             _drop_nonfinite(feedback.shard_residual)
     gathered = _buffer(scratch, "gathered", (world, wire), torch.uint8, device)
-    comm.all_gather(mine[0], list(gathered.unbind(0)))
+    pending = [comm.start_all_gather(mine[0, lo:hi], list(gathered[:, lo:hi].unbind(0))) for lo, hi in _pieces(wire)]
+    for p in pending:
+        p.wait()
 
     decoded = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, decode_out)
-    average = _flat_from_rows(decoded, m, _buffer(scratch, "average", (n,), torch.float32, device))
+    out = torch.empty(n, dtype=torch.float32, device=device) if scratch is None else scratch.output(n, device)
+    average = _flat_from_rows(decoded, m, out)
     return LowbitRound(average, (world - 1) * (payload.shape[1] + wire), payload.numel(), count)
 

@@ -156,10 +156,9 @@ class Round:
 
     def _run_lowbit(self, index: int, taking_part: bool, collective, on_left_out) -> int:
         """A low-bit round (see the module docstring); returns its payload bytes."""
-        # Each bucket's change since the anchor, in float32 (lowbit's format). It lives in the
-        # buffer that lowbit_average returns the average in: the change is read only before the
-        # all-to-all, the average written after the all-gather.
-        changes = [s.get("average", (b.values.numel(),), torch.float32, b.values.device) for s, b in zip(self.scratch, self.buckets)]
+        # Each bucket's change since the anchor, in float32 (lowbit's format), kept in the buffer
+        # that lowbit_average returns the average in (Scratch.output says why that is safe).
+        changes = [s.output(b.values.numel(), b.values.device) for s, b in zip(self.scratch, self.buckets)]
         if taking_part:
             found = self._found.zero_()
             one = torch.ones(1, dtype=torch.float32, device=found.device)
