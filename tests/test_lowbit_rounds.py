@@ -5,6 +5,8 @@ participation, a non-finite worker left out, and the outer step on the decoded a
 import pytest
 import torch
 
+import localclip
+
 from localclip.averaging import PeriodicAverager
 from localclip.comm import SimulatedWorld, current
 from localclip.data.sharding import sample_participants
@@ -54,8 +56,7 @@ def test_simulated_workers_equal_gloo_processes_bit_for_bit():
 
 
 def _linear(seed):
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
+    with localclip.rng.seeded(seed):  # one thread at a time: simulated workers run concurrently
         return torch.nn.Linear(300, 250)  # 75 250 float32 parameters
 
 
