@@ -2,9 +2,9 @@
 
 Owns the block codec (:func:`encode`, :func:`decode`), the error-feedback state
 (:class:`ErrorFeedback`), the reduction built on them (:func:`lowbit_average`) and the buffers
-it may reuse between rounds (:class:`Scratch`). It knows
-nothing of models or schedules: the averager hands it the flat change since the anchor and gets
-back the average, the same bits on every worker, and the bytes it sent.
+it may reuse between rounds (:class:`Scratch`). It knows nothing of models or schedules: the
+averager hands it the flat change since the anchor and gets back the average, the same bits on
+every worker, and the bytes it sent.
 
 Codec. Symmetric absmax scaling per block of :data:`BLOCK_NUMEL` = 256 consecutive elements:
 ``scale = max|x| / qmax`` (float32, one per block), ``code = round(x / scale)`` clamped to
@@ -27,7 +27,7 @@ Reduction. :func:`lowbit_average` is a reduce-scatter followed by an all-gather,
 format: each worker adds its residual to its input, splits it into ``world_size`` chunks,
 encodes each chunk and sends chunk ``j`` (codes and scales) to worker ``j`` (all-to-all).
 Worker ``j`` decodes the chunks it received and adds them in float32 in rank order, divides by
-the world size, adds its shard residual, re-encodes the averaged shard with the same codec and
+the world size (or the weights' sum, below), adds its shard residual, re-encodes the averaged shard with the same codec and
 sends it to all (all-gather); every worker decodes the same bytes into the same bits. It never
 sums in 8 or 4 bits: codes from different workers carry different scales, so they are not in
 the same units until decoded; a sum of ``world_size`` codes needs ``log2(world_size)`` more bits
