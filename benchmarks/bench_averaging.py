@@ -54,6 +54,26 @@ link, not the CPU, is the bottleneck, the work on one chunk overlaps the transpo
 
     sudo PYTHONPATH=src python benchmarks/bench_averaging.py --link 1gbit 10gbit --repeats 5
 
+With ``--steps`` it times local *steps* instead of rounds (table 5, streaming rounds): each
+worker trains a recipe's model (default ptb-small's tied 2x200 LSTM, its batch 5 and bptt 20,
+on random tokens) with CELGC at the recipe's period (ptb-small: I = 8), as
+
+  (s0) compute alone: no rounds (period = infinity);
+  (s1) blocking rounds (the default: the whole model every period, every worker waiting);
+  (s2) ``fragments=4``: a quarter of the model every period/4 steps, blocking;
+  (s3) ``fragments=4, overlap=1``: each fragment's all-reduce travels during the next local step;
+  (s4) ``overlap=1`` alone (the whole model, one step of overlap).
+
+Each variant owns its model; they run interleaved in blocks of whole periods, each block after a
+``dist.barrier()`` and shifted by the overlap so that no round is in flight at a block's end (a
+round's cost stays in its own block); the time per step is a block's (slowest rank's) time over
+its steps. Ratios are to (s0). It also prints each variant's peak bytes sent in one round, against a
+full round's, with the fragments' sizes (whole tensors: a tensor larger than 1/P of the model
+caps how far a round can shrink).
+
+    PYTHONPATH=src python benchmarks/bench_averaging.py --steps                     # ptb-small, ~2 min
+    sudo PYTHONPATH=src python benchmarks/bench_averaging.py --steps --link 1gbit 100mbit
+
 With ``--lowbit`` it times only one table instead, side by side: ``average()`` with compression
 none, bf16, int8 and int4 (int8/int4 with error feedback), interleaved as above, with each
 one's bytes per round (``bytes_communicated / rounds``: the payload, see
@@ -181,6 +201,85 @@ def worker(repeats: int, warmup: int, phases: bool, threads: int):
         result["check"] = _check_chunkings(averagers)
         result["chunks"] = _profile_chunks(averagers, flat, repeats, warmup)
     return result if rank == 0 else None
+
+
+STEP_VARIANTS = {
+    "(s0) compute alone (no rounds)": dict(period=None),
+    "(s1) blocking rounds": dict(),
+    "(s2) fragments=4, blocking": dict(fragments=4),
+    "(s3) fragments=4, overlap=1": dict(fragments=4, overlap=1),
+    "(s4) fragments=1, overlap=1": dict(overlap=1),
+}
+
+
+def step_worker(recipe: str, blocks: int, warmup: int, threads: int):
+    """Table 5: time per local step of each :data:`STEP_VARIANTS` (see the module docstring)."""
+    from localclip.algorithms import CELGC
+    from localclip.models import build_model, detach_hidden
+    from localclip.recipes import get_recipe
+
+    torch.set_num_threads(threads)
+    comm = current()
+    cfg = get_recipe(recipe)
+    gen = torch.Generator().manual_seed(1234 + comm.rank)
+    ntoken = 10000
+    runs = {}
+    for name, options in STEP_VARIANTS.items():
+        options = dict(options)
+        period = options.pop("period", cfg.period) or 1 << 40
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, ntoken=ntoken, **cfg.model_options)
+        alg = CELGC(model, lr=cfg.lr, gamma=cfg.gamma, period=period, group=comm, **options)
+        runs[name] = {"model": model, "alg": alg, "hidden": model.init_hidden(cfg.batch_size), "peak": 0}
+
+    def step(run):
+        x = torch.randint(0, ntoken, (cfg.bptt, cfg.batch_size), generator=gen)
+        y = torch.randint(0, ntoken, (cfg.bptt, cfg.batch_size), generator=gen)
+        run["hidden"] = detach_hidden(run["hidden"])
+        out = run["model"](x, run["hidden"])
+        run["hidden"] = out.hidden
+        run["alg"].zero_grad()
+        torch.nn.functional.cross_entropy(out.logits.reshape(-1, ntoken), y.reshape(-1)).backward()
+        before = run["alg"].bytes_communicated
+        run["alg"].step()
+        run["peak"] = max(run["peak"], run["alg"].bytes_communicated - before)
+
+    for run in runs.values():  # the shift: a block then ends right after the last round landed
+        for _ in range(run["alg"].averager.overlap):
+            step(run)
+    block = 2 * cfg.period
+    names = list(runs)
+    times = {k: [] for k in names}
+    for r in range(warmup + blocks):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(block):
+                step(runs[k])
+            if r >= warmup:
+                times[k].append((time.perf_counter() - t0) / block)
+    for run in runs.values():
+        run["alg"].average()  # nothing left in flight before the group goes
+    full = runs["(s1) blocking rounds"]["alg"].averager
+    result = {
+        "recipe": recipe, "period": cfg.period, "threads": torch.get_num_threads(), "numel": full.numel,
+        "steps": _slowest(times), "peak": {k: run["peak"] for k, run in runs.items()},
+        "fragment_bytes": runs["(s2) fragments=4, blocking"]["alg"].averager.fragment_bytes,
+    }
+    return result if comm.rank == 0 else None
+
+
+def _print_steps(res: dict) -> None:
+    _table(f"5. Time per local step, {res['recipe']} CELGC I = {res['period']} (ratio = median / median of (s0); "
+           "paired = median of per-block ratios)", res["steps"], header="ms/step")
+    full = res["peak"]["(s1) blocking rounds"]
+    print(f"   peak bytes in one round (a full round: {full:,} bytes, model + 4-byte weight):")
+    for k, v in res["peak"].items():
+        if v:
+            print(f"     {k:<48} {v:>12,}  {v / full:.3f}x a full round")
+    sizes = res["fragment_bytes"]
+    print(f"   the 4 fragments' bytes: {', '.join(f'{b:,}' for b in sizes)} "
+          f"(largest {max(sizes) / sum(sizes):.3f} of the model; 1/4 + 5 % would be {1.05 / 4:.4f})")
 
 
 def _interleave(ops, repeats, warmup):
@@ -339,7 +438,8 @@ def _over_link(link: ShapedLink, args, profile: bool) -> dict:
         for rank in range(2):
             argv = [sys.executable, os.path.abspath(__file__), "--_rank", str(rank), "--_store", store, "--_result", out,
                     "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
-                    "--profile", "first" if profile else "none", *(["--lowbit"] if args.lowbit else [])]
+                    "--profile", "first" if profile else "none", "--recipe", args.recipe] + (["--steps"] if args.steps else []) \
+                   + (["--lowbit"] if args.lowbit else [])
             cmd, env = link.command(rank, argv)
             procs.append(subprocess.Popen(cmd, env=env))
         try:
@@ -361,7 +461,10 @@ def _link_worker(args) -> int:
     distributed.init(backend="gloo", rank=args._rank, world_size=2, store_path=args._store, timeout=600)
     try:
         profile = args.profile != "none"
-        result = (lowbit_worker if args.lowbit else worker)(args.repeats, args.warmup, profile, args.threads)
+        if args.steps:
+            result = step_worker(args.recipe, args.repeats, args.warmup, args.threads)
+        else:
+            result = (lowbit_worker if args.lowbit else worker)(args.repeats, args.warmup, profile, args.threads)
         if args._rank == 0:
             with open(args._result, "w") as f:
                 json.dump(result, f)
@@ -371,6 +474,15 @@ def _link_worker(args) -> int:
 
 
 def _print_result(res: dict, title: str, elapsed: float, repeats: int, link: ShapedLink | None = None) -> None:
+    if "steps" in res:
+        print(f"\n=== {title} ({res['threads']} torch thread(s)/worker): {res['numel']:,} float32 per full round "
+              f"({4 * res['numel'] / 2**20:.1f} MiB); {repeats} blocks of {2 * res['period']} steps per variant, interleaved; "
+              f"slowest rank per block; {elapsed:.0f}s ===")
+        if link is not None:
+            print(f"   link {link.rate}: a full round's {4 * res['numel'] * 8 / link.bits * 1e3:.0f} ms of transport at the link's rate "
+                  f"(bytes / rate; a 2-worker all-reduce sends the model once each way)")
+        _print_steps(res)
+        return
     print(f"\n=== {title} ({res['threads']} torch thread(s)/worker): {res['numel']:,} "
           f"float32 per round ({4 * res['numel'] / 2**20:.1f} MiB); {repeats} rounds interleaved; "
           f"slowest rank per round; {elapsed:.0f}s ===")
@@ -403,6 +515,9 @@ def main(argv=None):
     ap.add_argument("--profile", choices=("none", "first", "all"), default="first",
                     help="time (ii)'s chunk sizes at no, the first, or every world size (default first)")
     ap.add_argument("--quick", action="store_true", help="3 timed rounds, 1 warm-up, no profile")
+    ap.add_argument("--steps", action="store_true",
+                    help="time local steps with blocking, fragmented and overlapped rounds and without rounds (table 5) instead of rounds")
+    ap.add_argument("--recipe", default="ptb-small", help="--steps: the recipe whose model, batch, bptt and period to use (default ptb-small)")
     ap.add_argument("--lowbit", action="store_true", help="only the table of compression none/bf16/int8/int4 rounds, with their bytes")
     ap.add_argument("--link", nargs="+", metavar="RATE",
                     help="instead of loopback: 2 workers over a veth link shaped to each RATE in turn (e.g. 1gbit 10gbit; root)")
@@ -426,10 +541,17 @@ def main(argv=None):
     for i, world in enumerate([] if args.link else args.world_sizes):
         t0 = time.perf_counter()
         profile = args.profile == "all" or (args.profile == "first" and i == 0)
-        fn, show = (lowbit_worker, _print_lowbit) if args.lowbit else (worker, _print_result)
-        res = spawn(fn, world, args.repeats, args.warmup, profile, args.threads, timeout=600, join_timeout=1800)[0]
-        show(res, f"world size {world} (gloo)", time.perf_counter() - t0, args.repeats)
-    print("\nTargets (issue 14): (ii) <= 1.1x (i); (v) <= 1.3x (i); bf16 bytes 0.5x.")
+        if args.steps:
+            res = spawn(step_worker, world, args.recipe, args.repeats, args.warmup, args.threads, timeout=600, join_timeout=1800)[0]
+            _print_result(res, f"world size {world} (gloo)", time.perf_counter() - t0, args.repeats)
+        else:
+            fn, show = (lowbit_worker, _print_lowbit) if args.lowbit else (worker, _print_result)
+            res = spawn(fn, world, args.repeats, args.warmup, profile, args.threads, timeout=600, join_timeout=1800)[0]
+            show(res, f"world size {world} (gloo)", time.perf_counter() - t0, args.repeats)
+    if args.steps:
+        print("\nTargets (issue 24): (s3) <= 1.05x (s0) at 1 Gbit/s; peak bytes per round of (s2), (s3) <= 1/4 + 5 % of a full round.")
+    else:
+        print("\nTargets (issue 14): (ii) <= 1.1x (i); (v) <= 1.3x (i); bf16 bytes 0.5x.")
     print(f"load avg at end {os.getloadavg()[0]:.2f}")
     return 0
 

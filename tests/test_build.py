@@ -56,6 +56,30 @@ def classify():
 ACCEPTED, REFUSED = classify()
 
 
+# The streaming axes beside the round's other options; the inner optimizer, clip mode and
+# participants vary in MATRIX (fragments=1, overlap=0 there), which keeps this one small.
+STREAM_FIELDS = ("algorithm", "outer_optimizer", "compression", "fragments", "overlap")
+STREAM_MATRIX = [c for c in itertools.product(ALGORITHMS, OUTER_OPTIMIZERS, ("none", "bf16"), (1, 2), (0, 1)) if c[3:] != (1, 0)]
+
+
+def stream_argv(algorithm, outer, compression, fragments, overlap):
+    return [*argv_for(algorithm, "clipped_sgd", outer, compression, "local", None), "--fragments", str(fragments),
+            "--overlap", str(overlap)]
+
+
+def classify_streaming():
+    accepted, refused = [], []
+    for combo in STREAM_MATRIX:
+        try:
+            accepted.append((combo, train_config(stream_argv(*combo))))
+        except ConfigError as exc:
+            refused.append((combo, str(exc)))
+    return accepted, refused
+
+
+STREAM_ACCEPTED, STREAM_REFUSED = classify_streaming()
+
+
 def by_hand(config, model):
     """The composition ``config`` names, written with the library's classes directly."""
     cls = {"celgc": CELGC, "local-sgd": CELGC, "single": CELGC, "naive": NaiveParallelClipping, "episode": EPISODE}[config.algorithm]
@@ -69,6 +93,8 @@ def by_hand(config, model):
                        participation_seed=config.seed)
         if config.compression in ("int8", "int4"):
             options.update(error_feedback=config.error_feedback)
+        if config.fragments != 1 or config.overlap:
+            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha)
     gamma = math.inf if config.algorithm == "local-sgd" else config.gamma
     if config.inner_optimizer == "clipped_sgd":
         if cls is NaiveParallelClipping:
@@ -148,6 +174,53 @@ def test_a_refused_combination_leaves_no_run_folder(tmp_path, capsys):
         assert not out.exists(), combo
 
 
+def test_the_streaming_matrix_runs_what_the_library_composition_runs_or_is_refused(tmp_path, capsys):
+    assert len(STREAM_ACCEPTED) + len(STREAM_REFUSED) == len(STREAM_MATRIX) == 5 * 3 * 2 * 3
+    # Streaming rounds compose with both model-averaging algorithms that average whole models
+    # between plain local steps, whatever the outer step and compression; nowhere else.
+    assert {c[0] for c, _ in STREAM_ACCEPTED} == {"celgc", "local-sgd"}
+    assert len(STREAM_ACCEPTED) == 2 * 3 * 2 * 3
+    results = SimulatedWorld(2).run(_both, [cfg for _, cfg in STREAM_ACCEPTED])
+    for rank_results in results:
+        for (combo, cfg), (built, hand) in zip(STREAM_ACCEPTED, rank_results):
+            assert (cfg.fragments, cfg.overlap) == combo[3:]
+            assert _same_bits(built[0], hand[0]), combo
+            assert built[1:] == hand[1:] and built[1] > 0, combo
+    for (combo, _), (a, b) in zip(STREAM_ACCEPTED, zip(*results)):
+        assert _same_bits(a[0][0], b[0][0]), combo  # every worker holds the same model after the final average
+    kinds = {}
+    for combo, message in STREAM_REFUSED:
+        assert message.startswith("Invalid ") and "\n" not in message, (combo, message)
+        assert len([f for f in STREAM_FIELDS if f in message]) >= 2, (combo, message)
+        kinds.setdefault(message.split(":")[0].split("=")[0] + combo[0], combo)
+    for i, combo in enumerate(kinds.values()):
+        out = tmp_path / f"run{i}"
+        code = main(["train", *stream_argv(*combo), "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, (combo, err)
+        assert not out.exists(), combo
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [(["--fragments", "0"], "Invalid fragments: 0"), (["--fragments", "9"], "Invalid fragments: 9 .* period=8"),
+     (["--overlap", "8"], "Invalid overlap: 8 .* period=8"), (["--overlap", "-1"], "Invalid overlap: -1"),
+     (["--overlap", "1", "--set", "overlap_alpha=2"], "Invalid overlap_alpha: 2.0"),
+     (["--fragments", "2", "--set", "optimizer_state=average"], "Invalid optimizer_state: 'average' .*fragments=2"),
+     (["--overlap", "1", "--set", "eval_interval=8"], "Invalid eval_interval: 8 .*overlap=1"),
+     (["--set", "overlap_alpha=0.5"], "Invalid overlap_alpha: 0.5 .*overlap >= 1"),
+     (["--fragments", "11", "--period", "16"], "Invalid fragments: 11 .model=lstm has only 10 averaged tensors")],
+)
+def test_bad_streaming_values_are_refused_before_a_run_folder(tmp_path, capsys, flags, match):
+    import re
+
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", *flags, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(match, err) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "flags,fields",
     [
@@ -180,6 +253,15 @@ def test_low_bit_rounds_without_error_feedback_run_what_the_library_composition_
     for rank_results in SimulatedWorld(2).run(_both, configs):
         for argv, (built, hand) in zip(argvs, rank_results):
             assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:], argv
+
+
+def test_low_bit_rounds_with_overlap_are_refused_naming_both(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", "--workers", "2", "--period", "4", "--compression", "int4", "--overlap", "1", "--out", str(out),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Invalid overlap: 1" in err and "compression=int4" in err and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("flags", [["--no-error-feedback"], ["--no-error-feedback", "--compression", "bf16"]])

@@ -40,6 +40,22 @@ def test_episode_with_outer_nesterov_and_bf16_simulated_equals_gloo():
             assert torch.equal(s["state"][k], r["state"][k]), k
 
 
+@pytest.mark.parametrize("world,kwargs", [
+    (2, dict(period=4, fragments=2, overlap=1, outer=(0.7, 0.9, True), compression="bf16")),
+    (2, dict(period=3, overlap=2, overlap_alpha=0.25)),
+    (3, dict(period=4, fragments=3, overlap=3, participants=2)),
+])
+def test_streaming_rounds_simulated_equal_gloo_bit_for_bit(world, kwargs):
+    """Rounds in flight over gloo's non-blocking all-reduce (three workers: the rank-ordered sum
+    in a helper thread) give the simulation's bits."""
+    sim = SimulatedWorld(world).run(train_celgc, steps=9, **kwargs)
+    real = spawn(train_celgc, world, steps=9, join_timeout=JOIN, timeout=30, **kwargs)
+    for s, r in zip(sim, real):
+        assert s["rounds"] == r["rounds"] and s["bytes"] == r["bytes"] and s["clipped"] == r["clipped"]
+        for k in s["state"]:
+            assert torch.equal(s["state"][k], r["state"][k]), k
+
+
 def test_then_sees_each_tensor_reduced_in_order_over_gloo_and_simulated():
     expected = [[6.0] * 5, [6.0], [6.0] * 3]
     assert spawn(reduce_with_then, 3, join_timeout=JOIN, timeout=30) == [expected] * 3

@@ -100,3 +100,29 @@ def test_more_epochs_continue_a_finished_run_as_a_straight_run(tmp_path, tiny_co
     assert main(["train", "ptb-small", *ARGS, *tiny, "--epochs", then, "--resume", "--out", str(out), *SMOKE[2:]]) == 0
     assert summary(straight)["steps"] >= 15  # epochs of several steps each
     assert_same_run(out, straight)
+
+
+def test_a_run_with_a_round_in_flight_at_its_last_checkpoint_extends_to_the_straight_run(tmp_path, capsys):
+    """Period 3, two fragments (offsets 0 and 1), overlap 2: fragment 1's round started after
+    step 19 is in flight at the step-20 checkpoint; the extension lands it after step 21."""
+    streaming = ["--fragments", "2", "--overlap", "2"]
+    train(tmp_path / "straight", "--max-steps", "26", *streaming)
+    out = tmp_path / "run"
+    train(out, "--max-steps", "20", *streaming)
+    train(out, "--max-steps", "26", "--resume", *streaming)
+    assert_same_run(out, tmp_path / "straight")
+    other = tmp_path / "other"
+    train(other, "--max-steps", "20", *streaming)
+    capsys.readouterr()
+    assert main(["train", "ptb-small", *ARGS, "--max-steps", "26", "--resume", "--fragments", "1", "--overlap", "2",
+                 "--out", str(other), *SMOKE]) != 0
+    assert "fragments: 2 in the run, 1 now" in capsys.readouterr().err
+
+
+def test_streaming_rounds_under_spawn_equal_the_simulation(tmp_path):
+    """Rounds in flight over gloo's non-blocking all-reduce, through the trainer (checkpoints
+    taken with a round in flight included): the simulation's run, bit for bit."""
+    streaming = ["--fragments", "2", "--overlap", "1", "--max-steps", "12"]
+    train(tmp_path / "simulate", *streaming)
+    train(tmp_path / "spawn", *streaming, "--runtime", "spawn", "--set", "threads=1")
+    assert_same_run(tmp_path / "simulate", tmp_path / "spawn")

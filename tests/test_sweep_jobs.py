@@ -206,6 +206,11 @@ def test_converge_report_numbers(tmp_path):
     assert c32["naive/this to it 10 Gbit/s, 97 MB"] == pytest.approx(theirs / mine)
     assert c["naive steps to it"] is None and c["naive/this to it 1 Gbit/s, 97 MB"] is None
     assert "## Time to this run's final perplexity" in (folder / "summary.md").read_text()
+    # Quality levels: within 20 % of naive's 130 is 156, which celgc-I32 first reaches at step 100
+    # (3 rounds); within 10 % (143) it never gets. At +0 % a level is the target itself.
+    assert c32["s to naive+20 % 1 Gbit/s"] == pytest.approx(100 * per_step + 3 * LATENCY + 3 * AWD_MESSAGE_BYTES * 8 / 1e9)
+    assert c32["s to naive+10 % 1 Gbit/s"] is None and c["s to naive+0 % 1 Gbit/s"] == pytest.approx(expect_c)
+    assert "## Time to each quality level, 97 MB rounds" in (folder / "summary.md").read_text()
 
 
 def test_converge_report_says_where_a_stopped_run_diverged(tmp_path):
@@ -390,3 +395,58 @@ def test_a_stopped_sweep_leaves_no_run_behind_and_resumes(tmp_path, signum):
     outcome = experiments.run_sweep("isweep", root, jobs=2, data_root=str(SHARED), only=["celgc-I4", "naive"],
                                     max_steps=done + 4, overrides=SMALL + ["checkpoint_interval=2"], echo=lambda _: None)
     assert outcome == {"celgc-I4": "resumed", "naive": "resumed"}
+
+
+def test_fair_and_wt2_sweeps_run_each_side_at_its_tuned_gamma():
+    from localclip.experiments.plans import CELGC_BEST_GAMMA, NAIVE_BEST_GAMMA, TUNE_GAMMAS, report_kind
+
+    assert NAIVE_BEST_GAMMA in TUNE_GAMMAS and CELGC_BEST_GAMMA in TUNE_GAMMAS
+    fair = dict(experiments.plan("fair"))
+    converge = dict(experiments.plan("converge"))
+    # naive at its best γ is the converge sweep's naive run, so that run's folder counts for both
+    assert fair["naive"].to_dict() == converge["naive"].to_dict() and fair["naive"].gamma == NAIVE_BEST_GAMMA
+    periods = {n: c.period for n, c in fair.items() if c.algorithm == "celgc" and not c.momentum and not c.participants}
+    assert {periods[n] for n in ("celgc-I8", "celgc-I32", "celgc-I256", "celgc-I1024")} == {8, 32, 256, 1024}
+    assert all(fair[n].gamma == CELGC_BEST_GAMMA for n in periods)
+    assert fair["naive-s2"].seed == fair["celgc-I32-s2"].seed != fair["naive"].seed
+    assert fair["celgc-I16-K4"].participants == 4 and fair["celgc-I32-24ep"].epochs == 2 * fair["naive"].epochs
+    mom = [(fair[n].lr, fair[n].gamma, fair[n].momentum) for n in ("naive-mom0.9", "celgc-I4-mom0.9")]
+    assert mom[0] == mom[1] == (2.0, 0.5, 0.9)
+    wt2 = dict(experiments.plan("wt2"))
+    assert {c.dataset for c in wt2.values()} == {"wikitext2"} and [c.gamma for c in wt2.values()] == [NAIVE_BEST_GAMMA, CELGC_BEST_GAMMA]
+    assert {report_kind(n) for n in ("converge", "fair", "wt2")} == {"converge"} and report_kind("image") == "image"
+
+
+def test_a_longer_run_is_judged_against_the_longest_shorter_naive_run():
+    from localclip.experiments.report import _baseline
+
+    def run(algorithm, epochs, seed=1):
+        return {"config": {"algorithm": algorithm, "epochs": epochs, "seed": seed}}
+
+    finished = {"naive-6": run("naive", 6), "naive": run("naive", 12), "naive-s2": run("naive", 12, seed=2),
+                "celgc": run("celgc", 12), "celgc-24": run("celgc", 24), "celgc-3": run("celgc", 3)}
+    assert _baseline("celgc", finished["celgc"], finished) == "naive"
+    assert _baseline("celgc-24", finished["celgc-24"], finished) == "naive"  # equal time: the longest shorter one
+    assert _baseline("celgc-3", finished["celgc-3"], finished) is None  # never against a longer one
+
+
+def test_speedup_converge_report_counts_steps_to_each_target(tmp_path):
+    from localclip.experiments.plans import SPEEDUP_TARGETS
+
+    assert SPEEDUP_TARGETS == (125.0, 120.0)
+    runs = dict(experiments.plan("speedup-converge"))
+    assert runs["celgc-I8-N8"].to_dict() == dict(experiments.plan("fair"))["celgc-I8"].to_dict()
+    assert [c.workers for c in runs.values()] == [1, 2, 4, 8] and runs["single-N1"].algorithm == "single"
+    folder = tmp_path / "speedup-converge"
+    vals = [400, 300, 250, 200, 180, 160, 140, 130, 126, 124, 121, 119]
+    _fake_converge_run(folder / "single-N1", "single", 1, vals, steps_per_epoch=80, workers=1)
+    _fake_converge_run(folder / "celgc-I8-N2", "celgc", 8, vals, steps_per_epoch=40, workers=2)
+    _fake_converge_run(folder / "celgc-I8-N4", "celgc", 8, vals[:10] + [124.5, 122], steps_per_epoch=20, workers=4)
+    result = experiments.report("speedup-converge", tmp_path)
+    rows = {r["run"]: r for r in result["rows"]}
+    one, two, four = rows["single-N1"], rows["celgc-I8-N2"], rows["celgc-I8-N4"]
+    assert (one["steps to 125"], one["steps to 120"]) == (200, 240)
+    assert (two["steps to 125"], two["speed-up to 125"], two["of linear to 120"]) == (100, 2.0, 1.0)
+    assert four["steps to 125"] == 50 and four["speed-up to 125"] == 4.0 and four["steps to 120"] is None
+    assert four["speed-up to 120"] is None and four["val/ppl epoch 3"] == 122 and one["val/ppl epoch 1"] == 200
+    assert "| speed-up to 125 |" in (folder / "summary.md").read_text()

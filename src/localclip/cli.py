@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
                        "as 8- or 4-bit codes with a scale per 256 elements (int8, int4) or float32 (none) (default: none)")
     train.add_argument("--no-error-feedback", action="store_true", help="int8/int4: drop what each round's codes leave out instead of "
                        "adding it to the next round (default: error feedback on)")
+    train.add_argument("--fragments", type=int, help="streaming rounds: sync the model in this many fragments on staggered schedules, "
+                       "each round about 1/P of it (default: 1, the whole model every period)")
+    train.add_argument("--overlap", type=int, help="streaming rounds: apply each round this many local steps after it starts, "
+                       "the transport running meanwhile (default: 0, rounds block); the merge: --set overlap_alpha=A")
     train.add_argument("--data-root", help="an existing folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data, "
                                            "where a missing PTB or WikiText-2 is downloaded on first use)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones (default: refuse them)")
@@ -186,6 +190,7 @@ def _train_config(args):
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "compression": args.compression, "error_feedback": False if args.no_error_feedback else None,
+        "fragments": args.fragments, "overlap": args.overlap,
         "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})

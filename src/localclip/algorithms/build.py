@@ -9,7 +9,7 @@ A run is three independent choices, each implemented (and its allowed values kep
   none (``single``);
 * what a round does with the average: ``outer_optimizer`` (:data:`localclip.outer.OUTER_OPTIMIZERS`,
   built by :func:`outer_optimizer`), ``compression`` (:data:`localclip.averaging.COMPRESSIONS`, applied by the averager;
-  ``error_feedback`` with int8/int4) and ``participants``.
+  ``error_feedback`` with int8/int4), ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``).
 
 :func:`build_algorithm` composes them through the algorithms' public constructor
 (:meth:`~localclip.algorithms.DistributedAlgorithm.from_optimizer`), so that a config and the
@@ -142,14 +142,39 @@ def check(config, bad) -> None:
         periodic = ", ".join(n for n, o in ALGORITHMS.items() if o.averages_models)
         if config.participants is not None:
             bad("participants", f"partial participation applies to algorithm={periodic}, not {config.algorithm}")
-        for name, off in (("outer_optimizer", "none"), ("compression", "none")):
+        for name, off in (("outer_optimizer", "none"), ("compression", "none"), ("fragments", 1), ("overlap", 0)):
             if getattr(config, name) != off:
                 bad(name, f"applies to the model-averaging algorithms ({periodic}), not algorithm={config.algorithm}")
     if not config.error_feedback and config.compression not in LOWBIT:
         bad("error_feedback", f"false applies to compression={'|'.join(LOWBIT)}, not compression={config.compression}")
+    _check_streaming(config, bad)
     if config.eval_interval and s.averages_models and config.eval_interval % config.period:
         # Evaluations score the averaged model, which exists only at the end of a period.
         bad("eval_interval", f"must be a multiple of period={config.period}")
+
+
+def _check_streaming(config, bad) -> None:
+    """Streaming rounds (``fragments``, ``overlap``; :mod:`localclip.averaging.fragments`)."""
+    if config.algorithm == "episode":
+        for name, off in (("fragments", 1), ("overlap", 0)):
+            if getattr(config, name) != off:
+                bad(name, "algorithm=episode's correction needs every worker at the same whole model when a round starts")
+    if config.overlap and config.compression in LOWBIT:
+        bad("overlap", f"compression={config.compression} rounds (an all-to-all, then an all-gather) are not run in the background; "
+                       "use overlap=0 (fragments work)")
+    if config.overlap_alpha and not config.overlap:
+        bad("overlap_alpha", "merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
+    if config.fragments == 1 and not config.overlap:
+        return
+    if config.fragments > config.period and spec(config.algorithm).averages_models:
+        bad("fragments", f"at most one fragment may start per step: fragments <= period={config.period}")
+    if config.overlap >= config.period and spec(config.algorithm).averages_models:
+        bad("overlap", f"a round must land before the fragment's next one: overlap < period={config.period}")
+    if config.optimizer_state != "local":
+        bad("optimizer_state", f"streaming rounds (fragments={config.fragments}, overlap={config.overlap}) keep it local")
+    if config.eval_interval:
+        bad("eval_interval", f"mid-epoch evaluations need the averaged model, which streaming rounds (fragments={config.fragments}, "
+                             f"overlap={config.overlap}) hold only at the end of an epoch")
 
 
 def communication_period(config) -> int | None:
@@ -213,5 +238,7 @@ def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
                        outer_optimizer=outer_optimizer(config), compression=config.compression)
         if config.compression in LOWBIT:
             options.update(error_feedback=config.error_feedback)
+        if config.fragments != 1 or config.overlap:
+            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha)
     return compose(config.algorithm, model, local_update(config, model), config.period, group=comm, **options)
 

@@ -97,6 +97,12 @@ class EPISODE(DistributedAlgorithm):
                 f"Invalid clip_mode for EPISODE: {optimizer.clip_mode!r} (EPISODE decides clipping once per round from "
                 "the norm of the mean gradient; only its own rule, clip_mode='local', applies)"
             )
+        for name, off in (("fragments", 1), ("overlap", 0)):
+            if averager_options.get(name, off) != off:
+                raise ValueError(
+                    f"Invalid {name}={averager_options[name]!r} for EPISODE: its correction needs every worker at the same "
+                    f"whole model when a round starts ({name}={off!r})"
+                )
         super()._setup(module, optimizer, period, group, averager_options)
         params = [p for g in self.param_groups for p in g["params"]]
         self._correction = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)

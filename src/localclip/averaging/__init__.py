@@ -10,6 +10,8 @@ average" part of CELGC and of local SGD, composed from small parts, each in its 
 * :mod:`.round` — one round: who takes part (partial participation), leaving out a worker with
   non-finite values, chunking the all-reduce, and the work on the sum block by block;
 * :mod:`.compression` — sending the change since the last round in 2 bytes (bf16, fp16);
+* :mod:`.fragments` — streaming fragments: the tensors split into P parts with staggered rounds;
+* :mod:`.overlap` — rounds in flight: started without waiting, merged tau steps later;
 * :mod:`localclip.outer` — an outer step on the average (DiLoCo);
 * :mod:`.optimizer_state` — what a round does to the inner optimizer's state.
 

@@ -3,8 +3,9 @@
 It owns the "every I steps, replace the model by the average" part of CELGC and of local SGD,
 and composes the pieces of the package: the schedule (:mod:`.schedule`), the flat buffers
 (:mod:`.buffers`), the round (:mod:`.round`: participants, non-finite exclusion, chunking),
-compression (:mod:`.compression`), the outer step (:mod:`localclip.outer`) and the inner
-optimizer's state at a round (:mod:`.optimizer_state`). It keeps the counters and checkpoints.
+compression (:mod:`.compression`), the outer step (:mod:`localclip.outer`), the inner
+optimizer's state at a round (:mod:`.optimizer_state`), streaming fragments (:mod:`.fragments`)
+and rounds in flight (:mod:`.overlap`). It keeps the counters and checkpoints.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from torch import nn
 
 from localclip.averaging import compression as _compression
+from localclip.averaging import fragments as _fragments
+from localclip.averaging import overlap as _overlap
 from localclip.averaging.buffers import check_views, flatten
 from localclip.averaging.optimizer_state import OPTIMIZER_STATE_MODES, sync_optimizer_state
 from localclip.averaging.round import DEFAULT_CHUNK_BYTES, OUTER_CHUNK_BYTES, Round
@@ -70,6 +73,24 @@ class PeriodicAverager:
             to the next round (checkpointed in :meth:`state_dict`); False drops it.
         outer_optimizer: ``None`` (plain averaging), an :class:`~localclip.outer.OuterSGD`, or a
             factory ``params -> torch.optim.Optimizer`` (see :mod:`localclip.outer`).
+        fragments: P >= 1: split the averaged tensors into P fragments of about equal bytes
+            (whole tensors, in model order) that take their rounds on staggered schedules:
+            fragment p after the steps t with ``(t − floor(p·period/P)) mod period == 0``, so that
+            each round sends about 1/P of the model and each period syncs everything once (see
+            :mod:`.fragments`; P <= period, P <= the number of tensors). Each fragment keeps its
+            own anchor and outer momentum. ``1``: the whole model every period.
+        overlap: tau: start each round without waiting and apply it tau local steps later
+            (1 <= tau < period; see :mod:`.overlap` for what the steps in between contribute and
+            for checkpoints); ``0`` (the default): rounds block.
+        overlap_alpha: the merge of a round in flight, ``alpha·local + (1 − alpha)·average``;
+            ``0.0`` (the default) replaces the fragment by the average.
+
+    With ``fragments > 1`` or ``overlap > 0`` a scheduled round leaves the workers' models
+    different (the other fragments, or the steps taken meanwhile); :meth:`average` first lands
+    any round in flight, then averages every fragment that differs, blocking, so that every
+    worker holds the same model after it. Neither combines with ``warmup_steps``,
+    ``optimizer_state`` other than ``"local"`` or, for ``fragments > 1``, a ``torch.optim`` outer
+    optimizer (it steps all its parameters at once).
 
     Memory: with ``compression`` or ``outer_optimizer``, one more copy of the averaged tensors
     (the anchor, :attr:`anchor_numel`), plus the outer optimizer's state (``OuterSGD``: its
@@ -102,11 +123,22 @@ class PeriodicAverager:
         compression: str = "none",
         outer_optimizer: OuterSGD | TorchOuter | Callable | None = None,
         error_feedback: bool = True,
+        fragments: int = 1,
+        overlap: int = 0,
+        overlap_alpha: float = 0.0,
     ):
-        self.schedule = Schedule(period, warmup_steps)
+        self.schedule = Schedule(period, warmup_steps, fragments)
+        _overlap.check(overlap, period, overlap_alpha)
+        streaming = fragments != 1 or overlap != 0
+        for name, value, off in (("warmup_steps", warmup_steps, 0), ("optimizer_state", optimizer_state, "local")):
+            if streaming and value != off:
+                raise ValueError(f"Invalid {name}={value!r} with fragments={fragments!r}, overlap={overlap}: streaming rounds need {name}={off!r}")
         if chunk_bytes not in (None, "auto") and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
             raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1, None or 'auto')")
         _compression.check(compression)
+        if overlap and compression in _compression.LOWBIT:
+            raise ValueError(f"Invalid overlap={overlap} with compression={compression!r}: a low-bit round (an all-to-all, then an "
+                             "all-gather) is not run in the background; use overlap=0 (fragments work)")
         if not isinstance(error_feedback, bool):
             raise ValueError(f"Invalid error_feedback: {error_feedback!r} (expected True or False)")
         if not error_feedback and compression not in _compression.LOWBIT:
@@ -138,9 +170,14 @@ class PeriodicAverager:
         self._names, self._buckets = flatten(module, average_buffers)
         if not self._buckets:
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters or floating-point buffers to average")
+        _fragments.check(fragments, period, sum(len(names) for names in self._names))
+        if fragments > 1 and outer is not None and not outer.blockwise:
+            raise ValueError(f"Invalid outer optimizer {outer!r} with fragments={fragments}: a torch.optim optimizer steps all its parameters at once; use OuterSGD")
+        self.fragments, self.overlap, self.overlap_alpha = fragments, overlap, float(overlap_alpha)
+        # Streaming rounds run one Round per fragment; this one then only averages buffers (naive).
         self._round = Round(self.comm, self._buckets, participants=participants, participation_seed=participation_seed,
                             skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer,
-                            compression=compression, error_feedback=error_feedback)
+                            compression="none" if streaming else compression, error_feedback=error_feedback)
         # Every worker starts from rank 0's model (x₀ is shared).
         self._collective("initial broadcast", lambda: self.comm.broadcast([b.values for b in self._buckets], src=0))
         if compression != "none" or outer is not None:
@@ -148,8 +185,28 @@ class PeriodicAverager:
                 b.anchor = b.values.clone()
                 if compression in _compression.WIRE_DTYPES:
                     b.wire = _compression.make_wire(b, compression)
+        self._split = _fragments.split(self._names, self._buckets, fragments)
+        self._in_flight: list[_overlap.InFlight] = []
+        if not streaming:
             if outer is not None:
                 outer.bind([b.anchor[: b.n_params] for b in self._buckets if b.n_params])
+            self._blocking = [self._round]
+            return
+        # One Round per fragment, over its views of the buckets; the outer step's state is bound
+        # to every fragment's parameter anchors in order, so each fragment has its own momentum.
+        self._live = [f.slices(self._buckets) for f in self._split]
+        if outer is not None:
+            outer.bind([s.anchor[: s.n_params] for live in self._live for s in live if s.n_params])
+        options = dict(participants=participants, participation_seed=participation_seed, skip_nonfinite=skip_nonfinite,
+                       compression=compression, error_feedback=error_feedback)
+        bases = [sum(1 for live in self._live[:p] for s in live if s.n_params) for p in range(fragments)]
+        outers = [outer if outer is None or fragments == 1 else _fragments.FragmentOuter(outer, base) for base in bases]
+        self._blocking = [Round(self.comm, live, chunk_bytes=chunk_bytes, outer=o, **options) for live, o in zip(self._live, outers)]
+        if overlap:
+            # What a round in flight sends from: a snapshot of its fragment (the live values move on).
+            self._snapshots = [torch.empty_like(b.values) for b in self._buckets]
+            self._flying = [Round(self.comm, f.slices(self._buckets, self._snapshots), chunk_bytes=None, outer=o, **options)
+                            for f, o in zip(self._split, outers)]
 
     # -- the schedule --------------------------------------------------------------------------
 
@@ -170,17 +227,28 @@ class PeriodicAverager:
         return self.schedule.is_sync_step(step_count)
 
     def step(self) -> bool:
-        """Count one optimizer step; average if this step ends a period. Returns whether it did."""
-        if self.schedule.count():
-            self.average()
-            return True
-        return False
+        """Count one optimizer step; average if this step ends a period. Returns whether it did
+        (with fragments: whether a fragment's round ran or, with overlap, started)."""
+        if self.fragments == 1 and not self.overlap:
+            if self.schedule.count():
+                self.average()
+                return True
+            return False
+        self.schedule.count()
+        t = self.schedule.step_count
+        for flight in [f for f in self._in_flight if f.started + self.overlap == t]:
+            self._land(flight)
+        due = self.schedule.due(t)
+        for p in due:
+            self._start(p) if self.overlap else self._run(p)
+        return bool(due)
 
     @property
     def in_sync(self) -> bool:
         """Whether no step has been counted since the last round (or the initial broadcast), so
-        that the workers hold the same averaged tensors and a round would change nothing."""
-        return self.schedule.in_sync
+        that the workers hold the same averaged tensors and a round would change nothing (with
+        fragments: since every fragment's last round; and no round is in flight)."""
+        return self.schedule.in_sync and not self._in_flight
 
     # -- a round -------------------------------------------------------------------------------
 
@@ -223,17 +291,48 @@ class PeriodicAverager:
         check_views(self._names, self._buckets)
         if self.comm.world_size == 1:
             return  # nothing to talk about: no round, no bytes
-        if self.schedule.in_sync and (if_changed or self.rounds) and not force:
+        if self.in_sync and (if_changed or self.rounds) and not force:
             return
+        everything = force or self.in_sync  # an explicit round of what the workers already share
+        for flight in list(self._in_flight):
+            self._land(flight)  # early: the average must include every fragment now
+        synced = self.schedule.synced_at
+        for p in range(self.fragments):
+            if everything or synced[p] != self.schedule.step_count:
+                self._run(p, checked=True)
 
-        def left_out() -> None:
-            self.nonfinite_rounds += 1
+    def _left_out(self) -> None:
+        self.nonfinite_rounds += 1
 
-        sent = self._round.run(self.rounds, self._collective, left_out)
+    def _run(self, p: int, checked: bool = False) -> None:
+        """Fragment ``p``'s round (the whole model's without fragments), blocking."""
+        if not checked:
+            check_views(self._names, self._buckets)
+            if self.comm.world_size == 1:
+                return
+        sent = self._blocking[p].run(self.rounds, self._collective, self._left_out)
         self.rounds += 1
         self.bytes_communicated += sent
-        self.schedule.last_round_step = self.schedule.step_count
+        self.schedule.synced_at[p] = self.schedule.step_count
         self.bytes_communicated += sync_optimizer_state(self.optimizer, self.optimizer_state, self.comm, self._collective)
+
+    def _start(self, p: int) -> None:
+        """Start fragment ``p``'s round without waiting (see :mod:`.overlap`)."""
+        check_views(self._names, self._buckets)
+        if self.comm.world_size == 1:
+            return
+        flight, sent = _overlap.start(self._flying[p], self._live[p], p, self.rounds, self.schedule.step_count,
+                                      self._collective, self._left_out)
+        self._in_flight.append(flight)
+        self.rounds += 1
+        self.bytes_communicated += sent
+
+    def _land(self, flight: _overlap.InFlight) -> None:
+        p = flight.fragment
+        _overlap.land(flight, self._flying[p], self._live[p], self.overlap_alpha, self._collective)
+        self._in_flight.remove(flight)
+        if self.overlap_alpha == 0.0:
+            self.schedule.synced_at[p] = self.schedule.step_count  # every worker holds the same bits
 
     @torch.no_grad()
     def average_buffers_only(self) -> None:
@@ -260,10 +359,33 @@ class PeriodicAverager:
         """Elements of the anchor copy (0 without compression and outer optimizer)."""
         return sum(b.anchor.numel() for b in self._buckets if b.anchor is not None)
 
+    @property
+    def fragment_bytes(self) -> list[int]:
+        """Bytes of each fragment's values (what one of its rounds sends, uncompressed, besides the weight)."""
+        return [f.nbytes for f in self._split]
+
+    @property
+    def fragment_names(self) -> list[list[str]]:
+        """The names of each fragment's tensors, in order."""
+        return [list(f.names) for f in self._split]
+
+    @property
+    def _feedback(self):
+        """The error-feedback residuals of every round kind (one per bucket, or per fragment's
+        bucket slice), in order; None without low-bit feedback."""
+        feedback = [f for r in self._blocking for f in (r.feedback or [])]
+        return feedback or None
+
     def state_dict(self) -> dict:
         """Counters, and with an anchor the anchor and the outer optimizer's state (a resume
-        mid-period needs both to take the same next round)."""
+        mid-period needs both to take the same next round). A round in flight is waited for
+        and saved with its received sum, unapplied (see :mod:`.overlap`)."""
+        flying = [f.state_dict(self._flying[f.fragment], self._collective) for f in self._in_flight]
         return {
+            "fragments": self.fragments,
+            "overlap": self.overlap,
+            "synced_at": list(self.schedule.synced_at),
+            "in_flight": flying,
             "period": self.period,
             "warmup_steps": self.warmup_steps,
             "step_count": self.step_count,
@@ -274,13 +396,17 @@ class PeriodicAverager:
             "compression": self.compression,
             "outer": None if self.outer is None else self.outer.state_dict(),
             "anchors": [None if b.anchor is None else b.anchor.clone() for b in self._buckets],
-            "error_feedback": None if self._round.feedback is None else [f.state_dict() for f in self._round.feedback],
+            "error_feedback": None if self._feedback is None else [f.state_dict() for f in self._feedback],
         }
 
     def load_state_dict(self, state: dict) -> None:
         # Every check before any change: a refused checkpoint leaves the averager as it was.
         if state["period"] != self.period:
             raise ValueError(f"Checkpoint period {state['period']} differs from this averager's period {self.period}")
+        for name in ("fragments", "overlap"):
+            saved, ours = state.get(name, 1 if name == "fragments" else 0), getattr(self, name)
+            if saved != ours:
+                raise ValueError(f"Checkpoint {name}={saved} differs from this averager's {name}={ours}")
         compression = state.get("compression", "none")
         if compression != self.compression:
             raise ValueError(f"Checkpoint compression {compression!r} differs from this averager's {self.compression!r}")
@@ -289,7 +415,7 @@ class PeriodicAverager:
         theirs = None if saved_outer is None else saved_outer.get("kind")
         if ours != theirs:
             raise ValueError(f"Checkpoint outer optimizer {theirs or 'none'!r} differs from this run's {ours or 'none'!r}")
-        feedback, ours = state.get("error_feedback"), self._round.feedback
+        feedback, ours = state.get("error_feedback"), self._feedback
         if (feedback is None) != (ours is None):
             raise ValueError(f"Checkpoint error feedback {'on' if feedback is not None else 'off'} differs from this run's "
                              f"{'on' if ours is not None else 'off'}")
@@ -310,9 +436,13 @@ class PeriodicAverager:
         self.bytes_communicated = state["bytes_communicated"]
         self.nonfinite_rounds = state.get("nonfinite_rounds", 0)
         self.schedule.last_round_step = state.get("last_round_step", -1)
+        if "synced_at" in state:
+            self.schedule.synced_at = list(state["synced_at"])
+        self._in_flight = [_overlap.restore(f, self._flying[f["fragment"]], self.comm) for f in state.get("in_flight", [])]
 
     def __repr__(self) -> str:
         return (
             f"PeriodicAverager(period={self.period}, numel={self.numel}, world_size={self.comm.world_size}, "
-            f"rounds={self.rounds}, compression={self.compression!r}, outer={self.outer!r})"
+            f"rounds={self.rounds}, compression={self.compression!r}, outer={self.outer!r}"
+            + (f", fragments={self.fragments}, overlap={self.overlap})" if self.fragments != 1 or self.overlap else ")")
         )

@@ -66,23 +66,9 @@ class Round:
     def run(self, index: int, collective, on_left_out) -> int:
         """Round ``index`` (0-based); returns its payload bytes. ``collective(what, fn)`` runs the
         all-reduce; ``on_left_out()`` is called when this worker is left out for non-finite values."""
-        expected = self.comm.world_size
-        taking_part = True
-        if self.participants is not None and self.participants < self.comm.world_size:
-            expected = self.participants
-            chosen = sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)
-            taking_part = self.comm.rank in chosen
         if self.bits is not None:
-            return self._run_lowbit(index, taking_part, collective, on_left_out)
-        if taking_part and not self._prepare(expected):
-            if not self.skip_nonfinite:
-                raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
-            taking_part = False
-            on_left_out()
-        if not taking_part:
-            for b in self.buckets:
-                b.sent.zero_()  # 0·NaN is NaN: a left-out worker must contribute true zeros
-        self._weight.fill_(1.0 if taking_part else 0.0)
+            return self._run_lowbit(index, self._taking_part(index), collective, on_left_out)
+        expected = self.begin(index, on_left_out)
         pieces = [(b, lo, hi) for b in self.buckets for lo, hi in b.ranges(self._chunk_numel(b))]
         tensors = [self._weight] + [b.sent[lo:hi] for b, lo, hi in pieces]
         arrived = iter([None] + pieces)
@@ -102,6 +88,43 @@ class Round:
             with_params = [b for b in self.buckets if b.n_params]
             self.outer.apply_all([b.values[: b.n_params] for b in with_params])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    @torch.no_grad()
+    def begin(self, index: int, on_left_out) -> int:
+        """Round ``index``'s first half: decide who takes part, fill what this worker sends and its
+        weight (1 or 0); returns K, the workers expected to take part."""
+        expected = self.comm.world_size
+        taking_part = self._taking_part(index)
+        if self.participants is not None and self.participants < self.comm.world_size:
+            expected = self.participants
+        if taking_part and not self._prepare(expected):
+            if not self.skip_nonfinite:
+                raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
+            taking_part = False
+            on_left_out()
+        if not taking_part:
+            for b in self.buckets:
+                b.sent.zero_()  # 0·NaN is NaN: a left-out worker must contribute true zeros
+        self._weight.fill_(1.0 if taking_part else 0.0)
+        return expected
+
+    @torch.no_grad()
+    def finish(self, index: int, total: float, expected: int) -> None:
+        """Round ``index``'s second half after a transport that was not followed piece by piece
+        (a round in flight, :mod:`.overlap`): the sum in the send buffers becomes the average,
+        outer-stepped, and the new anchor. ``total``: the weight sum."""
+        if total == 0.0:
+            raise NonFiniteError(f"averaging round {index + 1}: no worker had finite parameters")
+        for b in self.buckets:
+            self._finish_piece(b, 0, b.values.numel(), total, expected)
+        if self.outer is not None and not self.outer.blockwise:
+            self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
+
+    def _taking_part(self, index: int) -> bool:
+        """Whether this worker is sampled for round ``index`` (partial participation)."""
+        if self.participants is None or self.participants >= self.comm.world_size:
+            return True
+        return self.comm.rank in sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)
 
     def _chunk_numel(self, bucket: FlatBucket) -> int | None:
         return None if self.chunk_bytes is None else self.chunk_bytes // bucket.sent.element_size()

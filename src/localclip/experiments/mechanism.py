@@ -6,7 +6,7 @@ interval), how often the algorithm clipped (``clip/fraction``: for naive paralle
 mean gradient, for CELGC each worker's own), how often a worker's own gradient exceeds the clip
 norm (``clip/local_fraction``), the mean length of a local step (``step/length``) and, per
 evaluation, the averaged model's displacement against the workers' mean path
-(``move/efficiency``; see :mod:`localclip.train.trainer`). This module averages them per epoch
+(``move/efficiency``; see :mod:`localclip.train.metrics`). This module averages them per epoch
 into ``mechanism.csv`` and draws ``mechanism.png``, one panel per statistic, one line per run.
 """
 

@@ -23,7 +23,7 @@ from localclip.recipes import get_recipe
 from localclip.algorithms.build import communication_period
 from localclip.train.config import TrainConfig
 
-__all__ = ["SWEEPS", "Plan", "SweepError", "SweepFailed", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "select", "sweep"]
+__all__ = ["REPORT_KINDS", "SWEEPS", "Plan", "SweepError", "SweepFailed", "SPEEDUP_TARGETS", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "report_kind", "select", "sweep"]
 
 Plan = list[tuple[str, TrainConfig]]
 
@@ -51,12 +51,25 @@ class SweepFailed(SweepError):
         super().__init__(f"sweep {name}: {len(failures)} run(s) failed: {detail}")
 
 
-def sweep(name: str):
+#: The report kind of each sweep that needs more than the plain table (see
+#: :func:`localclip.experiments.report.report`): ``"converge"`` judges runs at the end of their
+#: schedule against a naive baseline.
+REPORT_KINDS: dict[str, str] = {}
+
+
+def sweep(name: str, report: str | None = None):
     def register(fn):
         SWEEPS[name] = fn
+        if report is not None:
+            REPORT_KINDS[name] = report
         return fn
 
     return register
+
+
+def report_kind(name: str) -> str:
+    """How ``localclip report`` tabulates sweep ``name``: its registered kind, else its name."""
+    return REPORT_KINDS.get(name, name)
 
 
 def plan(name: str, epochs: float | None = None, only: Sequence[str] | None = None) -> Plan:
@@ -234,20 +247,21 @@ def compression(epochs: float = 1.0) -> Plan:
 LOCAL_SGD_STABLE_LR = 5.0
 
 
-def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None = None, **changes) -> TrainConfig:
-    """ptb-converge at ``epochs`` epochs, its lr/γ step decay rescaled to that length (see
-    :func:`localclip.recipes.converge_schedule`)."""
+def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None = None, recipe: str = "ptb-converge",
+              **changes) -> TrainConfig:
+    """``recipe`` (ptb-converge or wt2-converge) at ``epochs`` epochs, its lr/γ step decay
+    rescaled to that length (see :func:`localclip.recipes.converge_schedule`)."""
     from localclip.recipes import converge_schedule
 
-    base = get_recipe("ptb-converge")
+    base = get_recipe(recipe)
     if decay_start is None:
         decay_start = base.lr_decay_epochs[0] / base.epochs if base.lr_decay_epochs else 1.0
     decay_epochs, decay = converge_schedule(epochs, decay_start)
     cfg = dataclasses.replace(base, epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, **changes)
-    return _sized(cfg, "ptb-converge", evals_per_epoch)
+    return _sized(cfg, recipe, evals_per_epoch)
 
 
-@sweep("converge")
+@sweep("converge", report="converge")
 def converge(epochs: float = 12.0) -> Plan:
     """Claims at convergence — ptb-converge, N=8: naive, CELGC I=8/32/256, local SGD, scenarios, a second seed.
 
@@ -318,7 +332,7 @@ CONVERGE_TUNE_DROPOUTS = (0.0, 0.2, 0.4)
 CONVERGE_TUNE_DECAY_STARTS = (1 / 6, 1 / 2)  # besides the recipe's own 1/3
 
 
-@sweep("converge-tune")
+@sweep("converge-tune", report="converge")
 def converge_tune(epochs: float = 6.0) -> Plan:
     """Tuning ptb-converge on naive parallel clipping only: dropout 0, 0.2, 0.4 and when the lr/γ decay starts.
 
@@ -335,7 +349,7 @@ def converge_tune(epochs: float = 6.0) -> Plan:
     return runs
 
 
-@sweep("converge-lsgd")
+@sweep("converge-lsgd", report="converge")
 def converge_lsgd(epochs: float = 2.0) -> Plan:
     """Probe for local SGD's largest non-diverging η on ptb-converge (N=8, I=8, no clipping): η = 10, 5, 2.5, 1.25.
 
@@ -376,13 +390,13 @@ def tune_gamma(epochs: float = 3.0) -> Plan:
 
 
 # Each side's best γ from `tune-gamma` (3 epochs, results/tuning/tune-gamma): naive 160.1 / 162.3
-# / 163.6 final val/ppl at γ = 5 / 10 / 14, CELGC I=32 217.6 / 212.4 / 216.8. Naive's best lies on
+# / 161.5 final val/ppl at γ = 5 / 10 / 14, CELGC I=32 217.6 / 212.4 / 216.8. Naive's best lies on
 # the grid's lower edge; a smaller γ could only make naive better and widen the gap.
 NAIVE_BEST_GAMMA = 5.0
 CELGC_BEST_GAMMA = 10.0
 
 
-@sweep("fair")
+@sweep("fair", report="converge")
 def fair(epochs: float = 12.0) -> Plan:
     """The PTB claims with both sides at their own tuned γ — ptb-converge, N=8, 12 epochs: naive vs CELGC at I = 8, 32, 256, 1024, a second seed, K=4, momentum.
 
@@ -399,6 +413,8 @@ def fair(epochs: float = 12.0) -> Plan:
     * ``celgc-I16-K4``: partial participation (4 of 8 workers per round), against ``naive``.
     * ``naive-mom0.9``, ``celgc-I4-mom0.9``: momentum 0.9 at η = 2, γ = 0.5 for both (clip norm
       0.25), the η of the ``momentum-probe`` sweep at which both sides did best.
+    * ``celgc-I32-24ep``: what a user pays at equal time: CELGC I = 32 for twice the epochs (the
+      same schedule shape, stretched), against ``naive``.
 
     4 validations per epoch.
     """
@@ -418,21 +434,45 @@ def fair(epochs: float = 12.0) -> Plan:
         ("celgc-I16-K4", _converge(epochs, period=16, participants=4, **celgc)),
         ("naive-mom0.9", _converge(epochs, algorithm="naive", period=1, **mom)),
         ("celgc-I4-mom0.9", _converge(epochs, algorithm="celgc", period=4, **mom)),
+        ("celgc-I32-24ep", _converge(2 * epochs, period=32, **celgc)),
     ]
 
 
-@sweep("speedup-converge")
+@sweep("wt2", report="converge")
+def wt2(epochs: float = 6.0) -> Plan:
+    """WikiText-2 — wt2-converge (ptb-converge's model and schedule shape, b = 10, N = 8): naive vs CELGC I = 32, each at its PTB-tuned γ.
+
+    Naive parallel clipping is single-machine clipped SGD with the global batch of 80 sequences,
+    the paper's one-GPU baseline. γ is each side's best from ``tune-gamma`` on PTB
+    (``NAIVE_BEST_GAMMA``, ``CELGC_BEST_GAMMA``); it was not tuned again on WikiText-2. 2 runs
+    of ``epochs`` epochs (default 6, about 45-50 minutes an epoch on one core), 4 validations
+    per epoch.
+    """
+    return [
+        ("naive", _converge(epochs, recipe="wt2-converge", algorithm="naive", period=1, gamma=NAIVE_BEST_GAMMA)),
+        ("celgc-I32", _converge(epochs, recipe="wt2-converge", algorithm="celgc", period=32, gamma=CELGC_BEST_GAMMA)),
+    ]
+
+
+#: The validation perplexities at which ``speedup-converge`` counts each N's steps: near the end
+#: of the 12-epoch schedule, which CELGC I=8 at N=8 ends at about 118.
+SPEEDUP_TARGETS = (125.0, 120.0)
+
+
+@sweep("speedup-converge", report="speedup-converge")
 def speedup_converge(epochs: float = 12.0) -> Plan:
-    """Speed-up at the end of training — ptb-converge, CELGC I=8 at N = 1, 2, 4 (b = 5 and η fixed); N = 8 is converge's celgc-I8.
+    """Speed-up at the end of training — ptb-converge, CELGC I=8 at N = 1, 2, 4, 8 (b = 5, η and CELGC's tuned γ fixed).
 
     Every run makes ``epochs`` passes over the corpus (default 12, the converge schedule), so N
     workers take 1/N as many steps each as one worker; N = 1 is the ``single`` algorithm (a world
-    of one averages nothing). The report compares validation at equal epochs (equal samples) and
-    the steps per worker each N needs to reach fixed perplexities near the end. 3 runs, 4
-    validations per epoch.
+    of one averages nothing). γ is ``CELGC_BEST_GAMMA``, so ``celgc-I8-N8`` has the
+    configuration of the ``fair`` sweep's ``celgc-I8`` (a copy of that run's folder counts as
+    this one). The report compares validation at equal epochs (equal samples) and the steps per
+    worker each N needs to reach ``SPEEDUP_TARGETS``. 4 runs, 4 validations per epoch.
     """
-    runs = [("single-N1", _converge(epochs, algorithm="single", workers=1))]
-    runs += [(f"celgc-I8-N{n}", _converge(epochs, algorithm="celgc", workers=n, period=8)) for n in (2, 4)]
+    tuned = dict(gamma=CELGC_BEST_GAMMA)
+    runs = [("single-N1", _converge(epochs, algorithm="single", workers=1, **tuned))]
+    runs += [(f"celgc-I8-N{n}", _converge(epochs, algorithm="celgc", workers=n, period=8, **tuned)) for n in (2, 4, 8)]
     return runs
 
 

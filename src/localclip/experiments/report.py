@@ -30,7 +30,7 @@ from localclip import jsonio
 from localclip.algorithms.build import ALGORITHMS
 from localclip.errors import LocalclipError
 from localclip.experiments import mechanism
-from localclip.experiments.plans import SWEEPS, SweepError, plan
+from localclip.experiments.plans import SWEEPS, SweepError, plan, report_kind
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
@@ -43,6 +43,9 @@ LINKS = {"1 Gbit/s": 1e9, "10 Gbit/s": 10e9}
 AWD_MESSAGE_BYTES = 97e6
 # What a compressed round sends, as a fraction of float32 (the 97 MB message shrinks with it).
 WIRE_FRACTION = {"none": 1.0, "bf16": 0.5, "fp16": 0.5}
+# converge: the quality levels a user may settle for, as the naive baseline's final val/ppl
+# times these factors (within 20 %, 10 %, 5 % of it, and it).
+QUALITY_LEVELS = (1.2, 1.1, 1.05, 1.0)
 # converge: the three comparisons a run can belong to, each with its own figure (file suffix).
 CONVERGE_GROUPS = {"main runs": "", "scenarios": "-scenarios", "beyond the paper": "-beyond"}
 
@@ -160,17 +163,21 @@ def report(
     targets: dict = {}
     notes: list[str] = []
     tables: list[tuple[str, list[str]]] = []
-    if name == "speedup":
+    kind = report_kind(name)
+    if kind == "speedup":
         targets, note = _speedup_columns(rows, finished, loss_target, ppl_target)
         notes.append(note)
-    elif name == "isweep":
+    elif kind == "isweep":
         targets, note = _isweep_columns(rows, finished)
         notes.append(note)
-    elif name.startswith("converge"):  # converge, and its tuning and probe sweeps
+    elif kind == "converge":
         targets, tables, note = _converge_tables(rows, finished)
         notes.append(note)
-    elif name == "tune-gamma":
+    elif kind == "tune-gamma":
         targets, note = _tune_columns(rows, finished)
+        notes.append(note)
+    elif kind == "speedup-converge":
+        targets, note = _speedup_end_columns(rows, finished)
         notes.append(note)
 
     result = {
@@ -196,7 +203,7 @@ def report(
 
         # converge has too many runs for one readable figure: one per group, each run beside
         # the runs it is judged against.
-        groups = _converge_groups(finished) if name.startswith("converge") else {"": list(finished)}
+        groups = _converge_groups(finished) if kind == "converge" else {"": list(finished)}
         try:
             for group, runs in groups.items():
                 path = folder / f"figure{CONVERGE_GROUPS.get(group, '')}.png"
@@ -204,7 +211,7 @@ def report(
                           title=f"sweep {name}" + (f": {group}" if group else ""))
                 result["figures"][group] = path.name
             result["figure"] = str(figure_path) if "" in groups or "main runs" in groups else None
-            if name.startswith("converge"):
+            if kind == "converge":
                 result["curves"] = str(_converge_curves(finished, groups, folder / "curves.png", name))
         except LocalclipError as exc:  # the tables are still worth having
             result["figure_error"] = str(exc)
@@ -267,6 +274,36 @@ def _speedup_columns(rows: list[dict], finished: dict, loss_target, ppl_target) 
         f"Speedup: steps of the N={base['N'] if base else '?'} run over this run's; empty: not reached."
     )
     return {"train/loss": loss_target, "val/ppl": ppl_target}, note
+
+
+def _speedup_end_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
+    """speedup-converge: validation at a few whole epochs (equal samples for every N), and per
+    target of ``SPEEDUP_TARGETS`` the local steps each run needs to reach it, the speed-up over
+    the smallest N (its steps over this run's) and that speed-up's share of linear (speed-up
+    divided by the ratio of the workers)."""
+    from localclip.experiments.plans import SPEEDUP_TARGETS
+
+    base = min(rows, key=lambda r: r["N"] or 0) if rows else None
+    ends = {row["run"]: _epoch_ends(finished[row["run"]]) for row in rows}
+    last = max((max(e) for e in ends.values() if e), default=0)
+    checkpoints = sorted({e for e in (1, last // 3, 2 * last // 3, last) if e >= 1})
+    for row in rows:
+        for epoch in checkpoints:
+            row[f"val/ppl epoch {epoch}"] = ends[row["run"]].get(epoch)
+        for target in SPEEDUP_TARGETS:
+            hit = _first(_vals(finished[row["run"]]), "val/ppl", target, True)
+            row[f"steps to {target:g}"] = hit["step"] if hit else None
+    for row in rows:
+        for target in SPEEDUP_TARGETS:
+            key, mine = f"steps to {target:g}", row[f"steps to {target:g}"]
+            theirs = base.get(key) if base else None
+            speedup = theirs / mine if theirs and mine else None
+            row[f"speed-up to {target:g}"] = speedup
+            row[f"of linear to {target:g}"] = speedup / (row["N"] / base["N"]) if speedup and row["N"] and base["N"] else None
+    note = (f"Steps are local steps per worker to the first validation at or below each target; speed-up: the "
+            f"N = {base['N'] if base else '?'} run's steps over this run's; of linear: that speed-up over the ratio "
+            f"of workers; empty: not reached. Every run sees the same samples per epoch.")
+    return {"val/ppl": list(SPEEDUP_TARGETS)}, note
 
 
 def _isweep_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
@@ -337,11 +374,18 @@ def _epoch_ends(data: dict) -> dict[int, float]:
 
 
 def _baseline(run: str, data: dict, finished: dict) -> str | None:
-    """The naive parallel run this run is judged against: same length, seed, data split and momentum."""
-    key = ("epochs", "seed", "heterogeneous", "momentum")
-    matches = [other for other, d in finished.items()
-               if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)]
-    return matches[0] if matches else None
+    """The naive parallel run this run is judged against: same length, seed, data split and
+    momentum. A run longer than every such naive run (CELGC given more epochs, to compare at
+    equal time) is judged against the longest shorter one."""
+    key = ("seed", "heterogeneous", "momentum")
+    naive = {other: d["config"] for other, d in finished.items()
+             if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)}
+    epochs = data["config"].get("epochs") or 0
+    same = [other for other, c in naive.items() if c.get("epochs") == epochs]
+    if same:
+        return same[0]
+    shorter = [other for other, c in naive.items() if (c.get("epochs") or 0) < epochs]
+    return max(shorter, key=lambda other: naive[other].get("epochs") or 0) if shorter else None
 
 
 def _group(config: dict) -> str:
@@ -442,6 +486,11 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
             row[f"naive s to it {link}, 97 MB"] = theirs
             row[f"s to it {link}, 97 MB"] = mine
             row[f"naive/this to it {link}, 97 MB"] = theirs / mine if theirs and mine else None
+        for factor in QUALITY_LEVELS:
+            level = target * factor if _good(target) else None
+            level_hit = _first(data["val"], "val/ppl", level, True) if level is not None else None
+            for link, bandwidth in LINKS.items():
+                row[f"s to naive{_level(factor)} {link}"] = _seconds(level_hit, per_step, bandwidth, message)
     for row in rows:
         for link in LINKS:
             col = f"s to target {link}, 97 MB"
@@ -457,6 +506,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     converse = ["run", "baseline", "own final val/ppl", "naive steps to it", "steps to it"]
     converse += [f"{who}s to it {link}, 97 MB" for link in LINKS for who in ("naive ", "")]
     converse += [f"naive/this to it {link}, 97 MB" for link in LINKS]
+    levels = ["run", "baseline", "target val/ppl"]
+    levels += [f"s to naive{_level(factor)} {link}" for factor in QUALITY_LEVELS for link in LINKS]
     note = (
         ("diverged at step: the run stopped at the validation that found its model diverged (stop_on_divergence); "
          "its epochs and steps are where it stopped. " if stopped else "")
@@ -472,10 +523,13 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         "(same period, plain averaging, float32 rounds; for EPISODE the CELGC run on the same data). naive/this: the baseline's time over "
         "this run's (above 1: this run is faster); empty where a run does not reach the target. "
         "Time to this run's final perplexity: the same model, the other way round: when this run first reaches its own "
-        "final val/ppl, and when its naive baseline first reaches that value (97 MB rounds)."
+        "final val/ppl, and when its naive baseline first reaches that value (97 MB rounds). "
+        "Time to each quality level: the same modelled seconds (97 MB rounds) to the first validation within "
+        + ", ".join(f"{100 * (f - 1):g} %" for f in QUALITY_LEVELS if f > 1)
+        + " of the baseline's final val/ppl, and to that value itself (naive+0 %)."
     )
     tables = [("Runs", main), ("Time to the naive baseline's final perplexity", timing),
-              ("Time to this run's final perplexity", converse)]
+              ("Time to this run's final perplexity", converse), ("Time to each quality level, 97 MB rounds", levels)]
     seeds = _seed_families(rows, finished)
     return {"per_step_compute": per_step, "seeds": seeds}, tables, note + _seed_markdown(seeds)
 
@@ -525,6 +579,10 @@ def _seed_markdown(seeds: list[dict]) -> str:
 def _percent(value, reference) -> float | None:
     """How far ``value`` is above ``reference``, in % of it."""
     return 100 * (value - reference) / reference if _good(value) and _good(reference) and reference else None
+
+
+def _level(factor: float) -> str:
+    return f"+{100 * (factor - 1):.0f} %"
 
 
 def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message: float | None) -> float | None:

@@ -87,6 +87,14 @@ class TrainConfig:
     error_feedback: bool = True
     """``int8``/``int4``: each worker adds what its last round's encodings left out to its next
     round's change (false: drop it)."""
+    fragments: int = 1
+    """Streaming rounds: split the model into this many fragments of about equal bytes, each
+    synced once per period on a staggered schedule (1: the whole model every period)."""
+    overlap: int = 0
+    """Streaming rounds: start each round without waiting and apply it this many local steps
+    later (0: rounds block; else < period)."""
+    overlap_alpha: float = 0.0
+    """The merge of a round in flight: alpha·local + (1 − alpha)·average (0: take the average)."""
 
     # -- schedule --
     epochs: float = 1.0
@@ -219,6 +227,12 @@ class TrainConfig:
             bad("compression", f"expected one of {', '.join(COMPRESSIONS)}")
         if not isinstance(self.error_feedback, bool):
             bad("error_feedback", "expected true or false")
+        if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) or self.fragments < 1:
+            bad("fragments", "must be an integer >= 1")
+        if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or self.overlap < 0:
+            bad("overlap", "must be an integer >= 0 local steps")
+        if isinstance(self.overlap_alpha, bool) or not isinstance(self.overlap_alpha, (int, float)) or not 0 <= self.overlap_alpha <= 1:
+            bad("overlap_alpha", "must be in [0, 1]")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
             bad("threads", "must be an integer >= 1, or none for the default")
         if not isinstance(self.model_options, dict):

@@ -1,0 +1,275 @@
+"""Streaming rounds: fragments on staggered schedules, rounds in flight merged tau steps later,
+their checkpoints, and their refusals."""
+
+import copy
+
+import pytest
+import torch
+
+import localclip
+from localclip.algorithms import CELGC, EPISODE, compose
+from localclip.averaging import PeriodicAverager
+from localclip.averaging.fragments import offsets
+from localclip.averaging.schedule import Schedule
+from localclip.comm import SimulatedWorld, current
+from localclip.optim import ClippedSGD
+
+from workers import fixed_batches, tiny_model
+
+TENSORS = ["0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias", "2.running_mean", "2.running_var"]
+
+
+def test_offsets_are_floored_and_each_fragment_syncs_once_per_period():
+    assert offsets(4, 8) == [0, 2, 4, 6]
+    assert offsets(4, 6) == [0, 1, 3, 4]  # 4 does not divide 6: floor(p·6/4)
+    s = Schedule(6, fragments=4)
+    due = {t: s.due(t) for t in range(1, 19)}
+    for p, o in enumerate(offsets(4, 6)):
+        assert [t for t, ps in due.items() if p in ps] == [t for t in range(1, 19) if t >= o and (t - o) % 6 == 0]
+    assert all(len(ps) <= 1 for ps in due.values())
+    one = Schedule(6)
+    assert [one.is_sync_step(t) for t in range(1, 13)] == [t % 6 == 0 for t in range(1, 13)]
+
+
+def _single(**kwargs):
+    return PeriodicAverager(tiny_model(), group=localclip.comm.SingleProcess(), **kwargs)
+
+
+@pytest.mark.parametrize("fragments", [1, 2, 3, 4, 8])
+def test_fragments_are_whole_tensors_in_model_order_of_about_equal_bytes(fragments):
+    avg = _single(period=8, fragments=fragments)
+    names = avg.fragment_names
+    assert len(names) == fragments and all(names)
+    assert [n for group in names for n in group] == TENSORS
+    sizes = avg.fragment_bytes
+    assert sum(sizes) == avg.numel * 4
+    # No contiguous split into `fragments` groups has a smaller largest group (brute force).
+    import itertools
+
+    tensor_bytes = [4 * t.numel() for t in [*avg.module.parameters()]] + [4 * 16, 4 * 16]
+    best = min(
+        max(sum(tensor_bytes[a:b]) for a, b in zip((0, *cuts), (*cuts, len(tensor_bytes))))
+        for cuts in itertools.combinations(range(1, len(tensor_bytes)), fragments - 1)
+    )
+    assert max(sizes) == best
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [(dict(period=8, fragments=0), "fragments: 0"), (dict(period=16, fragments=9), "fragments=9: the model has only 8"),
+     (dict(period=2, fragments=3), "fragments=3 with period=2"), (dict(period=4, overlap=4), "overlap=4 with period=4"),
+     (dict(period=4, overlap=-1), "overlap: -1"), (dict(period=4, overlap=1, overlap_alpha=1.5), "overlap_alpha: 1.5"),
+     (dict(period=4, overlap_alpha=0.5), "overlap_alpha=0.5 with overlap=0"),
+     (dict(period=4, fragments=2, warmup_steps=2), "warmup_steps=2 with fragments=2"),
+     (dict(period=4, overlap=1, optimizer_state="reset", optimizer=torch.optim.SGD([torch.zeros(1)], lr=1)), "optimizer_state='reset'"),
+     (dict(period=4, fragments=2, outer_optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0)), "with fragments=2: a torch.optim")],
+)
+def test_invalid_streaming_options_name_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _single(**kwargs)
+
+
+def test_episode_refuses_streaming_rounds():
+    for name, value in (("fragments", 2), ("overlap", 1)):
+        with pytest.raises(ValueError, match=f"Invalid {name}={value} for EPISODE"):
+            EPISODE(tiny_model(), lr=0.1, gamma=1.0, period=4, group=localclip.comm.SingleProcess(), **{name: value})
+
+
+# -- what a round does, against a reference written out by hand (float64) ----------------------
+
+
+def _flat(model):
+    return torch.cat([t.detach().reshape(-1) for t in [*model.parameters(), model[2].running_mean, model[2].running_var]])
+
+
+def _reference_worker(period, fragments, overlap, alpha, outer, steps):
+    """The library's run, and beside it what the schedule says, computed step by step from the
+    workers' values exchanged with plain all-reduces: returns both final models."""
+    comm = current()
+    model = tiny_model(seed=comm.rank).double()
+    opt = ClippedSGD(list(model.parameters()), 0.3, 0.05)
+    outer_sgd = None if outer is None else localclip.OuterSGD(*outer)
+    alg = CELGC.from_optimizer(model, opt, period, fragments=fragments, overlap=overlap, overlap_alpha=alpha,
+                               outer_optimizer=outer_sgd)
+    bounds, at = [], 0
+    numels = dict(zip(TENSORS, [p.numel() for p in model.parameters()] + [16, 16]))
+    for names in alg.averager.fragment_names:
+        n = sum(numels[k] for k in names)
+        bounds.append((at, at + n))
+        at += n
+    n_params = sum(p.numel() for p in model.parameters())
+    ref_model = tiny_model(seed=0).double()  # rank 0's model: the broadcast
+    ref = _flat(ref_model).clone()
+    anchor, momentum = ref.clone(), torch.zeros_like(ref)
+    sent, started = {}, {}
+    offs = offsets(fragments, period)
+    ref_inner = ClippedSGD(list(ref_model.parameters()), 0.3, 0.05)
+    def land(live, p, lo, hi):
+        """What a round's result does to fragment p: outer step on its own anchor, then the merge."""
+        mean = sent.pop(p)
+        new = mean.clone()
+        if outer is not None:
+            lr, mu, nesterov = outer
+            k = min(hi, n_params) - lo if lo < n_params else 0
+            delta = anchor[lo : lo + k] - mean[:k]
+            momentum[lo : lo + k] = mu * momentum[lo : lo + k] + delta
+            d = delta + mu * momentum[lo : lo + k] if nesterov else momentum[lo : lo + k]
+            new[:k] = anchor[lo : lo + k] - lr * d
+        anchor[lo:hi] = new
+        live[lo:hi] = alpha * live[lo:hi] + (1 - alpha) * new
+
+    history = []
+    for t, (x, y) in enumerate(fixed_batches(comm.rank, steps), start=1):
+        x = x.double()
+        for m, o in ((model, alg), (ref_model, ref_inner)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+        with torch.no_grad():
+            live = _flat(ref_model)
+            for p, (lo, hi) in enumerate(bounds):
+                if overlap and p in sent and t == started[p] + overlap:
+                    land(live, p, lo, hi)
+                if t >= offs[p] and (t - offs[p]) % period == 0:
+                    values = live[lo:hi].clone()
+                    comm.all_reduce([values])
+                    sent[p], started[p] = values / comm.world_size, t
+                    if not overlap:
+                        land(live, p, lo, hi)
+            # write back into the reference model
+            at = 0
+            for tensor in [*ref_model.parameters(), ref_model[2].running_mean, ref_model[2].running_var]:
+                tensor.copy_(live[at : at + tensor.numel()].view_as(tensor))
+                at += tensor.numel()
+        history.append((_flat(model).clone(), _flat(ref_model).clone()))
+    return history
+
+
+@pytest.mark.parametrize(
+    "period,fragments,overlap,alpha,outer",
+    [(4, 2, 0, 0.0, None), (6, 4, 0, 0.0, (0.7, 0.9, True)), (4, 1, 2, 0.0, None), (6, 3, 1, 0.0, (0.5, 0.5, False)),
+     (4, 2, 3, 0.5, (0.7, 0.9, True))],
+)
+def test_each_fragment_takes_its_own_rounds_with_its_own_anchor_and_momentum(period, fragments, overlap, alpha, outer):
+    results = SimulatedWorld(3).run(_reference_worker, period, fragments, overlap, alpha, outer, 13)
+    for history in results:
+        for t, (got, want) in enumerate(history, start=1):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, msg=f"step {t}")
+
+
+def _streaming_run(steps, *, save_at=None, resume=None, period=4, **options):
+    """CELGC with streaming rounds; optionally a checkpoint after step ``save_at``, or a resume
+    from one. Returns the model after every step and the checkpoint."""
+    comm = current()
+    model = tiny_model(seed=comm.rank)
+    if "outer" in options:
+        options["outer_optimizer"] = localclip.OuterSGD(*options.pop("outer"))
+    alg = compose("celgc", model, ClippedSGD(list(model.parameters()), 0.3, 0.05), period, **options)
+    first = 0
+    if resume is not None:
+        state = resume[comm.rank]
+        with torch.no_grad():
+            model.load_state_dict(state["model"])
+        alg.load_state_dict(state["algorithm"])
+        first = state["step"]
+    saved, after = None, []
+    for t, (x, y) in enumerate(fixed_batches(comm.rank, steps), start=1):
+        if t <= first:
+            continue
+        alg.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        alg.step()
+        after.append((t, _flat(model).clone(), alg.averager.in_sync))
+        if t == save_at:
+            saved = {"step": t, "model": copy.deepcopy(model.state_dict()), "algorithm": copy.deepcopy(alg.state_dict())}
+    alg.average()
+    return {"after": after, "final": _flat(model).clone(), "saved": saved, "rounds": alg.rounds, "bytes": alg.bytes_communicated}
+
+
+def _bits(t):
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def test_workers_hold_the_same_fragment_after_a_merge_and_the_same_model_after_average():
+    results = SimulatedWorld(2).run(_streaming_run, 11, period=4, fragments=2, overlap=1, outer=(0.7, 0.9, True), compression="bf16")
+    a, b = results
+    assert torch.equal(_bits(a["final"]), _bits(b["final"]))
+    # Fragment 1 (offset 2) lands after steps 3, 7, 11; fragment 0 after 5, 9: whatever fragment
+    # just landed is bit-identical between the workers there.
+    names = PeriodicAverager(tiny_model(), 4, group=localclip.comm.SingleProcess(), fragments=2).fragment_names
+    numels = dict(zip(TENSORS, [96, 16, 16, 16, 48, 3, 16, 16]))
+    n0 = sum(numels[k] for k in names[0])
+    for (t, x, _), (_, y, _) in zip(a["after"], b["after"]):
+        if t in (3, 7, 11):
+            assert torch.equal(_bits(x[n0:]), _bits(y[n0:])) and not torch.equal(x[:n0], y[:n0]), t
+        if t in (5, 9):
+            assert torch.equal(_bits(x[:n0]), _bits(y[:n0])) and not torch.equal(x[n0:], y[n0:]), t
+    assert not any(in_sync for _, _, in_sync in a["after"])  # with fragments the workers never share every fragment mid-run
+
+
+def test_a_merge_with_alpha_keeps_part_of_the_local_progress():
+    replaced = SimulatedWorld(2).run(_streaming_run, 6, period=4, overlap=1)
+    mixed = SimulatedWorld(2).run(_streaming_run, 6, period=4, overlap=1, overlap_alpha=0.5)
+    at5 = [dict((t, x) for t, x, _ in r["after"])[5] for r in (replaced[0], replaced[1], mixed[0], mixed[1])]
+    assert torch.equal(at5[0], at5[1]) and not torch.equal(at5[2], at5[3])
+    assert [t for t, _, s in replaced[0]["after"] if s] == [5]  # landed at 5, alpha 0: in sync there
+
+
+@pytest.mark.parametrize(
+    "options,save_at",
+    [(dict(fragments=2, overlap=1), 6), (dict(fragments=2, overlap=3, outer=(0.7, 0.9, True), compression="bf16"), 6),
+     (dict(overlap=2, participants=1), 5), (dict(fragments=4), 6)],
+)
+def test_a_checkpoint_with_a_round_in_flight_resumes_bit_for_bit(options, save_at):
+    straight = SimulatedWorld(3).run(_streaming_run, 14, save_at=save_at, **copy.deepcopy(options))
+    saved = [r["saved"] for r in straight]
+    if options.get("overlap"):
+        assert saved[0]["algorithm"]["averager"]["in_flight"], "the checkpoint was meant to hold a round in flight"
+    resumed = SimulatedWorld(3).run(_streaming_run, 14, resume=saved, **copy.deepcopy(options))
+    for s, r in zip(straight, resumed):
+        assert torch.equal(_bits(s["final"]), _bits(r["final"]))
+        tail = [(t, x) for t, x, _ in s["after"] if t > save_at]
+        assert [t for t, _ in tail] == [t for t, _, _ in r["after"]]
+        assert all(torch.equal(_bits(x), _bits(y)) for (_, x), (_, y, _) in zip(tail, r["after"]))
+        assert (s["rounds"], s["bytes"]) == (r["rounds"], r["bytes"])
+
+
+def test_a_resume_with_other_fragments_or_overlap_is_refused():
+    state = _single(period=4, fragments=2, overlap=1).state_dict()
+    for kwargs, match in ((dict(fragments=1, overlap=1), "fragments=2 differs from this averager's fragments=1"),
+                          (dict(fragments=2), "overlap=1 differs from this averager's overlap=0")):
+        with pytest.raises(ValueError, match=match):
+            _single(period=4, **kwargs).load_state_dict(state)
+
+
+def test_rounds_send_one_fragment_each_and_every_period_syncs_everything_once():
+    run = SimulatedWorld(2).run(_streaming_run, 8, period=4, fragments=4)
+    plain = SimulatedWorld(2).run(_streaming_run, 8, period=4)
+    # 8 steps: plain takes 2 rounds (after 4, 8; the final average is skipped); four fragments
+    # take 8, one per step, and the final average sends what differs (all but fragment 0).
+    assert plain[0]["rounds"] == 2 and run[0]["rounds"] == 8 + 3
+    weight = 4
+    full = (plain[0]["bytes"] - 2 * weight) // 2
+    sizes = PeriodicAverager(tiny_model(), 4, group=localclip.comm.SingleProcess(), fragments=4).fragment_bytes
+    assert sum(sizes) == full
+    assert run[0]["bytes"] == 2 * (full + 4 * weight) + (full - sizes[0]) + 3 * weight
+
+
+def test_global_clipping_refreshes_its_reference_norm_after_each_started_round():
+    def worker():
+        comm = current()
+        model = tiny_model(seed=comm.rank)
+        alg = CELGC(model, lr=0.3, gamma=0.05, period=4, clip_mode="global_average", fragments=2, overlap=1)
+        for x, y in fixed_batches(comm.rank, 8):
+            alg.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            alg.step()
+        alg.average()
+        return _flat(model), alg.averager.rounds, alg._extra_reductions
+
+    (a, rounds, extra), (b, _, _) = SimulatedWorld(2).run(worker)
+    # Rounds start after steps 2, 4, 6, 8; the final average lands step 8's and averages
+    # fragment 1 (changed since it landed after step 7). The norm is refreshed at step 1 and
+    # after each started round but the last: steps 3, 5, 7.
+    assert (rounds, extra) == (5, 4)
+    assert torch.equal(_bits(a), _bits(b))
