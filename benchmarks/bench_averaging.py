@@ -68,8 +68,7 @@ Each variant owns its model; they run interleaved in blocks of whole periods, ea
 ``dist.barrier()`` and shifted by the overlap so that no round is in flight at a block's end (a
 round's cost stays in its own block); the time per step is a block's (slowest rank's) time over
 its steps. Ratios are to (s0). It also prints each variant's peak bytes sent in one round, against a
-full round's, with the fragments' sizes (whole tensors: a tensor larger than 1/P of the model
-caps how far a round can shrink).
+full round's, with the fragments' sizes (element ranges: each within 1/P + 2.5 % of the model).
 
     PYTHONPATH=src python benchmarks/bench_averaging.py --steps                     # ptb-small, ~2 min
     sudo PYTHONPATH=src python benchmarks/bench_averaging.py --steps --link 1gbit 100mbit

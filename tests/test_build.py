@@ -208,8 +208,7 @@ def test_the_streaming_matrix_runs_what_the_library_composition_runs_or_is_refus
      (["--overlap", "1", "--set", "overlap_alpha=2"], "Invalid overlap_alpha: 2.0"),
      (["--fragments", "2", "--set", "optimizer_state=average"], "Invalid optimizer_state: 'average' .*fragments=2"),
      (["--overlap", "1", "--set", "eval_interval=8"], "Invalid eval_interval: 8 .*overlap=1"),
-     (["--set", "overlap_alpha=0.5"], "Invalid overlap_alpha: 0.5 .*overlap >= 1"),
-     (["--fragments", "11", "--period", "16"], "Invalid fragments: 11 .model=lstm has only 10 averaged tensors")],
+     (["--set", "overlap_alpha=0.5"], "Invalid overlap_alpha: 0.5 .*overlap >= 1")],
 )
 def test_bad_streaming_values_are_refused_before_a_run_folder(tmp_path, capsys, flags, match):
     import re
@@ -219,6 +218,22 @@ def test_bad_streaming_values_are_refused_before_a_run_folder(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert code == 2 and re.search(match, err) and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_more_fragments_than_the_model_has_tensors_are_accepted():
+    """Fragments are element ranges: ptb-small's LSTM has 10 averaged tensors and splits into 11
+    fragments, each within one element-block of 1/11 of the model."""
+    from localclip.averaging import PeriodicAverager
+    from localclip.models import build_model
+    from localclip.train import check_model
+
+    config = train_config(["ptb-small", "--fragments", "11", "--period", "16"])
+    check_model(config)
+    model = build_model("lstm", ntoken=10000, **config.model_options)
+    n_tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    avg = PeriodicAverager(model, config.period, group=localclip.comm.SingleProcess(), fragments=config.fragments)
+    assert (n_tensors, len(avg.fragment_elements)) == (10, 11)
+    assert max(avg.fragment_bytes) <= 1.05 * avg.numel * 4 / 11
 
 
 @pytest.mark.parametrize(

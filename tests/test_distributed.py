@@ -1,15 +1,17 @@
 """Multi-process tests: real gloo groups on the CPU, FileStore rendezvous, bounded by timeouts."""
 
+import itertools
 import time
 
 import pytest
 import torch
 
-from localclip.comm import SimulatedWorld
+from localclip.averaging import PeriodicAverager
+from localclip.comm import SimulatedWorld, SingleProcess
 from localclip.errors import CommunicationError
 from localclip.launch import spawn
 
-from workers import chunked_averages, collectives, fail_on_rank, reduce_with_then, stall_rank, train_celgc
+from workers import chunked_averages, collectives, fail_on_rank, reduce_with_then, stall_rank, tiny_model, train_celgc
 
 JOIN = 120  # seconds: a hang fails the test instead of blocking CI
 
@@ -47,7 +49,12 @@ def test_episode_with_outer_nesterov_and_bf16_simulated_equals_gloo():
 ])
 def test_streaming_rounds_simulated_equal_gloo_bit_for_bit(world, kwargs):
     """Rounds in flight over gloo's non-blocking all-reduce (three workers: the rank-ordered sum
-    in a helper thread) give the simulation's bits."""
+    in a helper thread) give the simulation's bits; with fragments, a tensor is cut between two."""
+    if kwargs.get("fragments", 1) > 1:
+        model = tiny_model()
+        numels = [p.numel() for p in model.parameters()] + [b.numel() for b in model.buffers() if b.is_floating_point()]
+        avg = PeriodicAverager(model, kwargs["period"], group=SingleProcess(), fragments=kwargs["fragments"])
+        assert any(lo not in set(itertools.accumulate(numels)) for lo, _ in avg.fragment_elements[1:])
     sim = SimulatedWorld(world).run(train_celgc, steps=9, **kwargs)
     real = spawn(train_celgc, world, steps=9, join_timeout=JOIN, timeout=30, **kwargs)
     for s, r in zip(sim, real):

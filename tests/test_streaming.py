@@ -2,6 +2,7 @@
 their checkpoints, and their refusals."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -35,28 +36,58 @@ def _single(**kwargs):
     return PeriodicAverager(tiny_model(), group=localclip.comm.SingleProcess(), **kwargs)
 
 
-@pytest.mark.parametrize("fragments", [1, 2, 3, 4, 8])
-def test_fragments_are_whole_tensors_in_model_order_of_about_equal_bytes(fragments):
-    avg = _single(period=8, fragments=fragments)
-    names = avg.fragment_names
-    assert len(names) == fragments and all(names)
-    assert [n for group in names for n in group] == TENSORS
-    sizes = avg.fragment_bytes
-    assert sum(sizes) == avg.numel * 4
-    # No contiguous split into `fragments` groups has a smaller largest group (brute force).
-    import itertools
+TENSOR_NUMELS = [96, 16, 16, 16, 48, 3, 16, 16]  # TENSORS' elements, in the averaged order
 
-    tensor_bytes = [4 * t.numel() for t in [*avg.module.parameters()]] + [4 * 16, 4 * 16]
-    best = min(
-        max(sum(tensor_bytes[a:b]) for a, b in zip((0, *cuts), (*cuts, len(tensor_bytes))))
-        for cuts in itertools.combinations(range(1, len(tensor_bytes)), fragments - 1)
-    )
-    assert max(sizes) == best
+
+@pytest.mark.parametrize("fragments", [1, 2, 3, 4, 8, 9])
+def test_fragments_are_contiguous_element_ranges_of_about_equal_bytes(fragments):
+    avg = _single(period=16, fragments=fragments)  # 9 fragments: more than the 8 tensors
+    elements = avg.fragment_elements
+    assert elements[0][0] == 0 and elements[-1][1] == avg.numel == sum(TENSOR_NUMELS)
+    assert all(a < b == c for (a, b), (c, _) in zip(elements, elements[1:] + [(elements[-1][1], None)]))
+    sizes = avg.fragment_bytes
+    assert sizes == [4 * (b - a) for a, b in elements] and sum(sizes) == avg.numel * 4
+    # A model this small cuts at single elements: no fragment is more than one element past 1/P.
+    assert max(sizes) <= 4 * (-(-avg.numel // fragments) + 1)
+    names = avg.fragment_names
+    ends = list(itertools.accumulate(TENSOR_NUMELS))
+    for (a, b), held in zip(elements, names):
+        assert held == [n for n, end, numel in zip(TENSORS, ends, TENSOR_NUMELS) if end - numel < b and end > a]
+    if fragments > 1:
+        assert any(a not in (0, *ends) for a, _ in elements)  # a tensor is cut between two fragments
+
+
+def test_fragments_are_within_one_pth_and_five_percent_of_a_full_round_for_ptb_small():
+    """Bytes as the rounds send them (payload and weight): ptb-small's tied embedding is 75 % of
+    the model, so fragments of whole tensors could not get below 0.754 of a full round at P = 4."""
+    from localclip.models import build_model
+    from localclip.recipes import get_recipe
+
+    options = get_recipe("ptb-small").model_options
+
+    def worker(fragments):
+        with localclip.rng.seeded(current().rank):  # one thread at a time: simulated workers run concurrently
+            model = build_model("lstm", ntoken=10000, **options)
+        avg = PeriodicAverager(model, 8, fragments=fragments)
+        sent = []
+        for _ in range(8):  # one period: every fragment's round once
+            before = avg.bytes_communicated
+            avg.step()
+            sent.append(avg.bytes_communicated - before)
+        return [b for b in sent if b], avg.fragment_bytes
+
+    full, _ = SimulatedWorld(2).run(worker, 1)[0]
+    assert len(full) == 1
+    for fragments in (2, 4, 8):
+        rounds, sizes = SimulatedWorld(2).run(worker, fragments)[0]
+        assert len(rounds) == fragments and sum(rounds) == full[0] + 4 * (fragments - 1)  # one weight per round
+        assert max(rounds) <= full[0] * 1.05 / fragments, (fragments, max(rounds) / full[0])
+        assert sorted(rounds) == sorted(s + 4 for s in sizes)  # in the order of the offsets, not of the fragments
 
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [(dict(period=8, fragments=0), "fragments: 0"), (dict(period=16, fragments=9), "fragments=9: the model has only 8"),
+    [(dict(period=8, fragments=0), "fragments: 0"),
      (dict(period=2, fragments=3), "fragments=3 with period=2"), (dict(period=4, overlap=4), "overlap=4 with period=4"),
      (dict(period=4, overlap=-1), "overlap: -1"), (dict(period=4, overlap=1, overlap_alpha=1.5), "overlap_alpha: 1.5"),
      (dict(period=4, overlap_alpha=0.5), "overlap_alpha=0.5 with overlap=0"),
@@ -67,6 +98,11 @@ def test_fragments_are_whole_tensors_in_model_order_of_about_equal_bytes(fragmen
 def test_invalid_streaming_options_name_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _single(**kwargs)
+
+
+def test_more_fragments_than_elements_are_refused():
+    with pytest.raises(ValueError, match="fragments=3: the model has only 2 averaged elements"):
+        PeriodicAverager(torch.nn.Linear(1, 1), 4, group=localclip.comm.SingleProcess(), fragments=3)
 
 
 def test_episode_refuses_streaming_rounds():
@@ -91,13 +127,11 @@ def _reference_worker(period, fragments, overlap, alpha, outer, steps):
     outer_sgd = None if outer is None else localclip.OuterSGD(*outer)
     alg = CELGC.from_optimizer(model, opt, period, fragments=fragments, overlap=overlap, overlap_alpha=alpha,
                                outer_optimizer=outer_sgd)
-    bounds, at = [], 0
-    numels = dict(zip(TENSORS, [p.numel() for p in model.parameters()] + [16, 16]))
-    for names in alg.averager.fragment_names:
-        n = sum(numels[k] for k in names)
-        bounds.append((at, at + n))
-        at += n
+    bounds = alg.averager.fragment_elements
     n_params = sum(p.numel() for p in model.parameters())
+    ends = set(itertools.accumulate(TENSOR_NUMELS))
+    if fragments > 1:  # the reference sees element ranges: a parameter (and its momentum) is cut between two fragments
+        assert any(lo not in ends and lo < n_params for lo, _ in bounds[1:])
     ref_model = tiny_model(seed=0).double()  # rank 0's model: the broadcast
     ref = _flat(ref_model).clone()
     anchor, momentum = ref.clone(), torch.zeros_like(ref)
@@ -196,9 +230,8 @@ def test_workers_hold_the_same_fragment_after_a_merge_and_the_same_model_after_a
     assert torch.equal(_bits(a["final"]), _bits(b["final"]))
     # Fragment 1 (offset 2) lands after steps 3, 7, 11; fragment 0 after 5, 9: whatever fragment
     # just landed is bit-identical between the workers there.
-    names = PeriodicAverager(tiny_model(), 4, group=localclip.comm.SingleProcess(), fragments=2).fragment_names
-    numels = dict(zip(TENSORS, [96, 16, 16, 16, 48, 3, 16, 16]))
-    n0 = sum(numels[k] for k in names[0])
+    (_, n0), _ = PeriodicAverager(tiny_model(), 4, group=localclip.comm.SingleProcess(), fragments=2).fragment_elements
+    assert n0 not in set(itertools.accumulate(TENSOR_NUMELS))  # a tensor is cut between the two
     for (t, x, _), (_, y, _) in zip(a["after"], b["after"]):
         if t in (3, 7, 11):
             assert torch.equal(_bits(x[n0:]), _bits(y[n0:])) and not torch.equal(x[:n0], y[:n0]), t
@@ -236,10 +269,13 @@ def test_a_checkpoint_with_a_round_in_flight_resumes_bit_for_bit(options, save_a
 
 def test_a_resume_with_other_fragments_or_overlap_is_refused():
     state = _single(period=4, fragments=2, overlap=1).state_dict()
-    for kwargs, match in ((dict(fragments=1, overlap=1), "fragments=2 differs from this averager's fragments=1"),
-                          (dict(fragments=2), "overlap=1 differs from this averager's overlap=0")):
+    split_elsewhere = {k: v for k, v in state.items() if k != "fragment_elements"}  # as fragments of whole tensors wrote it
+    for kwargs, saved, match in ((dict(fragments=1, overlap=1), state, "fragments=2 differs from this averager's fragments=1"),
+                                 (dict(fragments=2), state, "overlap=1 differs from this averager's overlap=0"),
+                                 (dict(fragments=2, overlap=1), split_elsewhere,
+                                  r"fragment element ranges None differ from this averager's \[\[0, 114\], \[114, 227\]\]")):
         with pytest.raises(ValueError, match=match):
-            _single(period=4, **kwargs).load_state_dict(state)
+            _single(period=4, **kwargs).load_state_dict(saved)
 
 
 def test_rounds_send_one_fragment_each_and_every_period_syncs_everything_once():

@@ -61,7 +61,9 @@ class OuterSGD:
         return "nesterov" if self.nesterov else "sgd"
 
     def bind(self, anchors: list[torch.Tensor]) -> None:
-        """Allocate the state for these anchor tensors (one per flat bucket, parameters only)."""
+        """Allocate the state for these anchor tensors (one per flat bucket, or with fragments one
+        per fragment's slice of a bucket, so a tensor cut between two fragments has its momentum
+        cut at the same element; parameters only)."""
         _bind_once(self)
         self.buffers = [torch.zeros_like(a) for a in anchors] if self.momentum else None
 

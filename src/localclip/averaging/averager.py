@@ -73,12 +73,13 @@ class PeriodicAverager:
             to the next round (checkpointed in :meth:`state_dict`); False drops it.
         outer_optimizer: ``None`` (plain averaging), an :class:`~localclip.outer.OuterSGD`, or a
             factory ``params -> torch.optim.Optimizer`` (see :mod:`localclip.outer`).
-        fragments: P >= 1: split the averaged tensors into P fragments of about equal bytes
-            (whole tensors, in model order) that take their rounds on staggered schedules:
-            fragment p after the steps t with ``(t − floor(p·period/P)) mod period == 0``, so that
-            each round sends about 1/P of the model and each period syncs everything once (see
-            :mod:`.fragments`; P <= period, P <= the number of tensors). Each fragment keeps its
-            own anchor and outer momentum. ``1``: the whole model every period.
+        fragments: P >= 1: split the averaged state into P fragments of about equal bytes
+            (contiguous element ranges in model order, a tensor may be cut between two) that
+            take their rounds on staggered schedules: fragment p after the steps t with
+            ``(t − floor(p·period/P)) mod period == 0``, so that each round sends about 1/P of
+            the model and each period syncs everything once (see :mod:`.fragments`;
+            P <= period). Each fragment keeps its own anchor and outer momentum.
+            ``1``: the whole model every period.
         overlap: tau: start each round without waiting and apply it tau local steps later
             (1 <= tau < period; see :mod:`.overlap` for what the steps in between contribute and
             for checkpoints); ``0`` (the default): rounds block.
@@ -170,7 +171,7 @@ class PeriodicAverager:
         self._names, self._buckets = flatten(module, average_buffers)
         if not self._buckets:
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters or floating-point buffers to average")
-        _fragments.check(fragments, period, sum(len(names) for names in self._names))
+        _fragments.check(fragments, period, sum(b.values.numel() for b in self._buckets))
         if fragments > 1 and outer is not None and not outer.blockwise:
             raise ValueError(f"Invalid outer optimizer {outer!r} with fragments={fragments}: a torch.optim optimizer steps all its parameters at once; use OuterSGD")
         self.fragments, self.overlap, self.overlap_alpha = fragments, overlap, float(overlap_alpha)
@@ -365,8 +366,14 @@ class PeriodicAverager:
         return [f.nbytes for f in self._split]
 
     @property
+    def fragment_elements(self) -> list[tuple[int, int]]:
+        """Each fragment's ``[start, stop)`` in the averaged elements' order (bucket by bucket)."""
+        return [(f.start, f.stop) for f in self._split]
+
+    @property
     def fragment_names(self) -> list[list[str]]:
-        """The names of each fragment's tensors, in order."""
+        """The names of the tensors each fragment holds all or part of, in order (a tensor cut
+        between two fragments is named in both)."""
         return [list(f.names) for f in self._split]
 
     @property
@@ -383,6 +390,7 @@ class PeriodicAverager:
         flying = [f.state_dict(self._flying[f.fragment], self._collective) for f in self._in_flight]
         return {
             "fragments": self.fragments,
+            "fragment_elements": [list(r) for r in self.fragment_elements],
             "overlap": self.overlap,
             "synced_at": list(self.schedule.synced_at),
             "in_flight": flying,
@@ -407,6 +415,13 @@ class PeriodicAverager:
             saved, ours = state.get(name, 1 if name == "fragments" else 0), getattr(self, name)
             if saved != ours:
                 raise ValueError(f"Checkpoint {name}={saved} differs from this averager's {name}={ours}")
+        # The per-fragment state (anchors' rounds, momentum, a round in flight, the last syncs)
+        # belongs to element ranges: a checkpoint split elsewhere (fragments of whole tensors
+        # wrote none) cannot be resumed by this split.
+        saved_elements = state.get("fragment_elements")
+        ours_elements = [list(r) for r in self.fragment_elements]
+        if self.fragments > 1 and saved_elements != ours_elements:
+            raise ValueError(f"Checkpoint fragment element ranges {saved_elements} differ from this averager's {ours_elements}")
         compression = state.get("compression", "none")
         if compression != self.compression:
             raise ValueError(f"Checkpoint compression {compression!r} differs from this averager's {self.compression!r}")

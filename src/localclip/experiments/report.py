@@ -390,7 +390,8 @@ def _baseline(run: str, data: dict, finished: dict) -> str | None:
 
 def _group(config: dict) -> str:
     """Which comparison a converge run belongs to (a key of ``CONVERGE_GROUPS``)."""
-    if config.get("outer_optimizer", "none") != "none" or config.get("compression", "none") != "none" or config.get("algorithm") == "episode":
+    streaming = config.get("fragments", 1) != 1 or config.get("overlap", 0)
+    if config.get("outer_optimizer", "none") != "none" or config.get("compression", "none") != "none" or config.get("algorithm") == "episode" or streaming:
         return "beyond the paper"
     if config.get("heterogeneous") or config.get("participants") or config.get("momentum"):
         return "scenarios"
@@ -399,7 +400,7 @@ def _group(config: dict) -> str:
 
 def _plain(run: str, data: dict, finished: dict) -> str | None:
     """A beyond-the-paper run's plain CELGC counterpart: same period, length, seed, data split,
-    participation, momentum, lr and γ, with plain averaging and float32 rounds."""
+    participation, momentum, lr and γ, with plain averaging and blocking whole-model float32 rounds."""
     if _group(data["config"]) != "beyond the paper":
         return None
     key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum", "lr", "gamma")

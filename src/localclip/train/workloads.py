@@ -34,26 +34,11 @@ def check_model(config: TrainConfig) -> None:
         if name is None:
             raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm or awd_lstm)")
         check_model_options(name, config.model_options, ntoken=10)
-        _check_fragments(config, name, ntoken=10)
         return
     if not config.model.startswith("resnet"):
         raise ConfigError(f"Invalid model for the image task: {config.model!r} (expected resnetD, e.g. resnet20)")
     supplied = dict(num_classes=10, in_channels=_IMAGE_CHANNELS.get(config.dataset, 3))
     check_model_options(config.model, config.model_options, **supplied)
-    _check_fragments(config, config.model, **supplied)
-
-
-def _check_fragments(config: TrainConfig, name: str, **supplied) -> None:
-    """Refuse more streaming fragments than the model has averaged tensors (a fragment holds
-    whole tensors), counted on the ``meta`` device."""
-    if config.fragments == 1:
-        return
-    from localclip.averaging.fragments import count_tensors
-
-    with torch.device("meta"):
-        n = count_tensors(build_model(name, **supplied, **config.model_options), config.average_buffers)
-    if config.fragments > n:
-        raise ConfigError(f"Invalid fragments: {config.fragments} (model={config.model} has only {n} averaged tensors; a fragment holds whole tensors)")
 
 
 def check_data(config: TrainConfig) -> None:
