@@ -72,6 +72,14 @@ full round's, with the fragments' sizes (element ranges: each within 1/P + 2.5 %
 
     PYTHONPATH=src python benchmarks/bench_averaging.py --steps                     # ptb-small, ~2 min
     sudo PYTHONPATH=src python benchmarks/bench_averaging.py --steps --link 1gbit 100mbit
+
+With ``--lowbit`` it times only one table instead, side by side: ``average()`` with compression
+none, bf16, int8 and int4 (int8/int4 with error feedback), interleaved as above, with each
+one's bytes per round (``bytes_communicated / rounds``: the payload, see
+``localclip.lowbit``) and the ratios of both to the uncompressed round. It combines with
+``--link`` and ``--world-sizes``.
+
+    sudo PYTHONPATH=src python benchmarks/bench_averaging.py --lowbit --link 1gbit --repeats 5
 """
 
 from __future__ import annotations
@@ -429,7 +437,8 @@ def _over_link(link: ShapedLink, args, profile: bool) -> dict:
         for rank in range(2):
             argv = [sys.executable, os.path.abspath(__file__), "--_rank", str(rank), "--_store", store, "--_result", out,
                     "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--threads", str(args.threads),
-                    "--profile", "first" if profile else "none", "--recipe", args.recipe] + (["--steps"] if args.steps else [])
+                    "--profile", "first" if profile else "none", "--recipe", args.recipe] + (["--steps"] if args.steps else []) \
+                   + (["--lowbit"] if args.lowbit else [])
             cmd, env = link.command(rank, argv)
             procs.append(subprocess.Popen(cmd, env=env))
         try:
@@ -454,7 +463,7 @@ def _link_worker(args) -> int:
         if args.steps:
             result = step_worker(args.recipe, args.repeats, args.warmup, args.threads)
         else:
-            result = worker(args.repeats, args.warmup, profile, args.threads)
+            result = (lowbit_worker if args.lowbit else worker)(args.repeats, args.warmup, profile, args.threads)
         if args._rank == 0:
             with open(args._result, "w") as f:
                 json.dump(result, f)
@@ -508,6 +517,7 @@ def main(argv=None):
     ap.add_argument("--steps", action="store_true",
                     help="time local steps with blocking, fragmented and overlapped rounds and without rounds (table 5) instead of rounds")
     ap.add_argument("--recipe", default="ptb-small", help="--steps: the recipe whose model, batch, bptt and period to use (default ptb-small)")
+    ap.add_argument("--lowbit", action="store_true", help="only the table of compression none/bf16/int8/int4 rounds, with their bytes")
     ap.add_argument("--link", nargs="+", metavar="RATE",
                     help="instead of loopback: 2 workers over a veth link shaped to each RATE in turn (e.g. 1gbit 10gbit; root)")
     for hidden in ("--_rank", "--_store", "--_result"):  # a --link worker inside its namespace
@@ -525,21 +535,66 @@ def main(argv=None):
         t0 = time.perf_counter()
         with ShapedLink(rate) as link:
             res = _over_link(link, args, profile=args.profile == "all" or (args.profile == "first" and i == 0))
-        _print_result(res, f"world size 2 over a {rate} veth link (gloo)", time.perf_counter() - t0, args.repeats, link)
+        show = _print_lowbit if args.lowbit else _print_result
+        show(res, f"world size 2 over a {rate} veth link (gloo)", time.perf_counter() - t0, args.repeats, link)
     for i, world in enumerate([] if args.link else args.world_sizes):
         t0 = time.perf_counter()
         profile = args.profile == "all" or (args.profile == "first" and i == 0)
         if args.steps:
             res = spawn(step_worker, world, args.recipe, args.repeats, args.warmup, args.threads, timeout=600, join_timeout=1800)[0]
+            _print_result(res, f"world size {world} (gloo)", time.perf_counter() - t0, args.repeats)
         else:
-            res = spawn(worker, world, args.repeats, args.warmup, profile, args.threads, timeout=600, join_timeout=1800)[0]
-        _print_result(res, f"world size {world} (gloo)", time.perf_counter() - t0, args.repeats)
+            fn, show = (lowbit_worker, _print_lowbit) if args.lowbit else (worker, _print_result)
+            res = spawn(fn, world, args.repeats, args.warmup, profile, args.threads, timeout=600, join_timeout=1800)[0]
+            show(res, f"world size {world} (gloo)", time.perf_counter() - t0, args.repeats)
     if args.steps:
         print("\nTargets (issue 24): (s3) <= 1.05x (s0) at 1 Gbit/s; peak bytes per round of (s2), (s3) <= 1/4 + 5 % of a full round.")
     else:
         print("\nTargets (issue 14): (ii) <= 1.1x (i); (v) <= 1.3x (i); bf16 bytes 0.5x.")
     print(f"load avg at end {os.getloadavg()[0]:.2f}")
     return 0
+
+
+# -- --lowbit: compression none, bf16, int8, int4 side by side ----------------------------------
+
+LOWBIT_COMPRESSIONS = ("none", "bf16", "int8", "int4")
+
+
+def lowbit_worker(repeats: int, warmup: int, phases: bool, threads: int):
+    """Rounds of ``average()`` for each of :data:`LOWBIT_COMPRESSIONS`, interleaved; rank 0's
+    result (``phases`` is unused: the signature is :func:`worker`'s)."""
+    torch.set_num_threads(threads)
+    comm = current()
+    averagers = {c: PeriodicAverager(build(comm.rank), period=1, group=comm, compression=c) for c in LOWBIT_COMPRESSIONS}
+    cpu = {c: [] for c in averagers}
+
+    def timed(c):
+        t0 = time.process_time()
+        averagers[c].average(force=True)
+        cpu[c].append(time.process_time() - t0)
+
+    ops = {c: functools.partial(timed, c) for c in averagers}
+    result = {"numel": averagers["none"].numel, "threads": torch.get_num_threads(), "world": comm.world_size}
+    result["times"] = _slowest(_interleave(ops, repeats, warmup))
+    result["cpu"] = _slowest({c: v[warmup:] for c, v in cpu.items()})
+    result["bytes"] = {c: avg.bytes_communicated / avg.rounds for c, avg in averagers.items()}
+    return result if comm.rank == 0 else None
+
+
+def _print_lowbit(res: dict, title: str, elapsed: float, repeats: int, link: ShapedLink | None = None) -> None:
+    print(f"\n=== {title} ({res['threads']} torch thread(s)/worker): {res['numel']:,} "
+          f"float32 per round ({4 * res['numel'] / 2**20:.1f} MiB); {repeats} rounds interleaved; "
+          f"slowest rank per round; {elapsed:.0f}s ===")
+    times, nbytes = res["times"], res["bytes"]
+    base = statistics.median(times["none"])
+    print(f"{'compression':<12} {'median ms':>10} {'IQR ms':>15} {'time ratio':>10} {'paired':>7} {'CPU ms':>7} {'bytes/round':>13} {'bytes ratio':>11}")
+    for c in LOWBIT_COMPRESSIONS:
+        t = times[c]
+        q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
+        paired = statistics.median(x / b for x, b in zip(t, times["none"]))
+        print(f"{c:<12} {1e3 * statistics.median(t):>10.1f} {1e3 * q[0]:>7.1f}-{1e3 * q[2]:<7.1f} {statistics.median(t) / base:>10.2f} "
+              f"{paired:>7.2f} {1e3 * statistics.median(res['cpu'][c]):>7.0f} {nbytes[c]:>13,.0f} {nbytes[c] / nbytes['none']:>11.4f}")
+    print("   CPU ms: the process's CPU time in the round (slowest rank), the part a busier or slower CPU stretches")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def test_unknown_recipe_names_it_and_lists_the_recipes(capsys):
         (["--set", "clip_mode=global"], "clip_mode"),
         (["--runtime", "mpi"], "--runtime"),
         (["--outer-optimizer", "adam"], "'adam'"),
-        (["--compression", "int8"], "'int8'"),
+        (["--compression", "int2"], "'int2'"),
         (["--outer-optimizer", "sgd", "--outer-lr", "0"], "outer_lr: 0.0"),
         (["--outer-optimizer", "nesterov", "--outer-lr", "-0.5"], "outer_lr: -0.5"),
         (["--outer-optimizer", "sgd", "--outer-momentum", "1"], "outer_momentum: 1.0"),

@@ -91,6 +91,8 @@ def by_hand(config, model):
             outer = OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
         options.update(outer_optimizer=outer, compression=config.compression, participants=config.participants,
                        participation_seed=config.seed)
+        if config.compression in ("int8", "int4"):
+            options.update(error_feedback=config.error_feedback)
         if config.fragments != 1 or config.overlap:
             options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha)
     gamma = math.inf if config.algorithm == "local-sgd" else config.gamma
@@ -133,7 +135,7 @@ def _same_bits(a, b):
 
 
 def test_the_matrix_is_enumerated_whole():
-    assert len(MATRIX) == len(ACCEPTED) + len(REFUSED) == 5 * 2 * 3 * 3 * 4 * 2
+    assert len(MATRIX) == len(ACCEPTED) + len(REFUSED) == 5 * 2 * 3 * 5 * 4 * 2
     assert ACCEPTED and REFUSED
 
 
@@ -252,6 +254,37 @@ def test_explicit_values_an_algorithm_would_replace_are_refused(tmp_path, capsys
     code = main(["train", "ptb-small", *flags, "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and all(f in err for f in fields) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_low_bit_rounds_without_error_feedback_run_what_the_library_composition_runs():
+    argvs = [
+        ["--compression", "int4", "--no-error-feedback"],
+        ["--compression", "int8", "--no-error-feedback", "--algorithm", "episode"],
+        ["--compression", "int4", "--no-error-feedback", "--inner-optimizer", "adamw", "--lr", "0.01", "--outer-optimizer", "nesterov"],
+    ]
+    configs = [train_config(["ptb-small", "--workers", "2", "--period", "2", *argv]) for argv in argvs]
+    assert all(cfg.error_feedback is False for cfg in configs)
+    for rank_results in SimulatedWorld(2).run(_both, configs):
+        for argv, (built, hand) in zip(argvs, rank_results):
+            assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:], argv
+
+
+def test_low_bit_rounds_with_overlap_are_refused_naming_both(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", "--workers", "2", "--period", "4", "--compression", "int4", "--overlap", "1", "--out", str(out),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Invalid overlap: 1" in err and "compression=int4" in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--no-error-feedback"], ["--no-error-feedback", "--compression", "bf16"]])
+def test_error_feedback_off_without_low_bit_rounds_is_refused_naming_both(tmp_path, capsys, flags):
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", *flags, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Invalid error_feedback: False" in err and "compression=" in err and err.count("\n") == 1, err
     assert not out.exists()
 
 

@@ -220,6 +220,57 @@ def test_a_nonfinite_input_on_one_worker_is_nan_in_its_block_everywhere_and_does
         assert finite_after and torch.isfinite(second).all()
 
 
+def test_a_worker_not_taking_part_sends_zeros_with_weight_0_and_keeps_its_residual():
+    """Rank 1 of 3 is left out: the others' inputs (with their residuals) are averaged over 2,
+    every worker decodes the same bits and knows the count, rank 1's residual waits; the bytes
+    count each chunk's 4-byte weight. Nobody taking part leaves a NaN average and a count of 0."""
+    n, world = 3001, 3
+    chunk = encoded_nbytes(-(-n // world), 8)
+
+    def worker(nobody):
+        comm = current()
+        fb = ErrorFeedback(n)
+        fb.residual.fill_(0.01 * (comm.rank + 1))
+        held = fb.residual.clone()
+        delta = torch.randn(n, generator=torch.Generator().manual_seed(comm.rank))
+        res = lowbit_average(comm, delta, 8, fb, taking_part=not nobody and comm.rank != 1)
+        return res, delta + held, fb.residual.clone(), held
+
+    out = SimulatedWorld(world).run(worker, False)
+    truth = (out[0][1] + out[2][1]) / 2
+    step = max(out[0][1].abs().max(), out[2][1].abs().max()) / 127
+    for rank, (res, _, residual, held) in enumerate(out):
+        assert _same_bits(res.average, out[0][0].average) and res.taking_part == 2
+        assert res.bytes_sent == (world - 1) * (2 * chunk + 4) and res.payload == world * (chunk + 4)
+        assert (res.average - truth).abs().max() <= 2 * step
+        assert _same_bits(residual, held) == (rank == 1)
+    for res, *_ in SimulatedWorld(world).run(worker, True):
+        assert res.taking_part == 0 and torch.isnan(res.average).all()
+
+
+def test_reused_scratch_buffers_give_the_same_bits():
+    """Three rounds with one Scratch per worker equal three without (averages, residuals, bytes),
+    for int8 and int4, an odd length and a worker left out in the second round."""
+    from localclip.lowbit import Scratch
+
+    n = 2 * BLOCK_NUMEL + 77
+
+    def worker(bits, reuse):
+        comm = current()
+        fb, scratch, out = ErrorFeedback(n), Scratch() if reuse else None, []
+        for k in range(3):
+            delta = torch.randn(n, generator=torch.Generator().manual_seed(10 * k + comm.rank))
+            res = lowbit_average(comm, delta, bits, fb, taking_part=not (k == 1 and comm.rank == 2), scratch=scratch)
+            out.append((res.average.clone(), res.bytes_sent, fb.residual.clone(), fb.shard_residual.clone()))
+        return out
+
+    for bits in (8, 4):
+        fresh, reused = SimulatedWorld(3).run(worker, bits, False), SimulatedWorld(3).run(worker, bits, True)
+        for f, r in zip(fresh, reused):
+            for (fa, fbytes, fres, fshard), (ra, rbytes, rres, rshard) in zip(f, r):
+                assert fbytes == rbytes and _same_bits(fa, ra) and _same_bits(fres, rres) and _same_bits(fshard, rshard)
+
+
 def test_a_world_of_one_sends_nothing_and_returns_the_input():
     fb = ErrorFeedback(5)
     fb.residual.fill_(0.25)

@@ -260,3 +260,54 @@ def lowbit_cases(n=50_003, rounds=3, seed=0):
                     "shard_residual": None if fb is None else fb.shard_residual,
                 }
     return out
+
+
+def lowbit_training(cases, steps=8, period=2):
+    """Float32 CELGC runs with low-bit rounds, one per case (a dict of averager options, plus
+    ``outer``: (lr, momentum, nesterov), ``split``: the step before which the run is checkpointed
+    and rebuilt from the checkpoint, ``nan_at``: (rank, step) whose parameters get a NaN before
+    that step's round). Returns, per case, the final state, counters and error-feedback state."""
+    comm = current()
+    out = []
+    for case in cases:
+        case = dict(case)
+        split, nan_at, outer = case.pop("split", None), case.pop("nan_at", None), case.pop("outer", None)
+
+        def build():
+            model = tiny_model(seed=comm.rank)
+            options = dict(case)
+            if outer is not None:
+                options["outer_optimizer"] = localclip.OuterSGD(*outer)
+            inner = ClippedSGD([p for p in model.parameters() if p.requires_grad], 0.5, 0.05, momentum=0.5)
+            return model, compose("celgc", model, inner, period, **options)
+
+        model, alg = build()
+        for t, (x, y) in enumerate(fixed_batches(comm.rank, steps)):
+            if t == split:
+                saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "alg": alg.state_dict()}
+                model, alg = build()
+                model.load_state_dict(saved["model"])
+                alg.load_state_dict(saved["alg"])
+            alg.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if nan_at == (comm.rank, t):
+                _step_with_nan(model, alg)
+            else:
+                alg.step()
+        alg.average()
+        feedback = alg.averager.state_dict()["error_feedback"]
+        out.append({
+            "state": {k: v.clone() for k, v in model.state_dict().items()},
+            "rounds": alg.rounds,
+            "bytes": alg.bytes_communicated,
+            "nonfinite_rounds": alg.averager.nonfinite_rounds,
+            "feedback": feedback,
+        })
+    return out
+
+
+def _step_with_nan(model, alg):
+    alg.optimizer.step()  # the local step, then a NaN in the parameters before the round
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    alg._round_started = alg.averager.step()

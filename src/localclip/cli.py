@@ -93,7 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--outer-optimizer", choices=list(OUTER_OPTIMIZERS), help="an outer step on the average at each round (nesterov with adamw inside: DiLoCo) (default: none)")
     train.add_argument("--outer-lr", type=float, help="outer step size (default 0.7)")
     train.add_argument("--outer-momentum", type=float, help="outer momentum in [0, 1) (default 0.9)")
-    train.add_argument("--compression", choices=list(COMPRESSIONS), help="send each round's change since the last round in 2 bytes (bf16, fp16) or float32 (none) (default: none)")
+    train.add_argument("--compression", choices=list(COMPRESSIONS), help="send each round's change since the last round in 2 bytes (bf16, fp16), "
+                       "as 8- or 4-bit codes with a scale per 256 elements (int8, int4) or float32 (none) (default: none)")
+    train.add_argument("--no-error-feedback", action="store_true", help="int8/int4: drop what each round's codes leave out instead of "
+                       "adding it to the next round (default: error feedback on)")
     train.add_argument("--fragments", type=int, help="streaming rounds: sync the model in this many fragments on staggered schedules, "
                        "each round about 1/P of it (default: 1, the whole model every period)")
     train.add_argument("--overlap", type=int, help="streaming rounds: apply each round this many local steps after it starts, "
@@ -186,7 +189,8 @@ def _train_config(args):
         "workers": args.workers, "algorithm": args.algorithm, "period": args.period, "epochs": args.epochs,
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
-        "compression": args.compression, "fragments": args.fragments, "overlap": args.overlap,
+        "compression": args.compression, "error_feedback": False if args.no_error_feedback else None,
+        "fragments": args.fragments, "overlap": args.overlap,
         "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})

@@ -1,9 +1,10 @@
 """Low-bit (int8, int4) averaging of a flat float32 tensor, with error feedback.
 
 Owns the block codec (:func:`encode`, :func:`decode`), the error-feedback state
-(:class:`ErrorFeedback`) and the reduction built on them (:func:`lowbit_average`). It knows
-nothing of models or schedules: the averager hands it the flat change since the anchor and gets
-back the average, the same bits on every worker, and the bytes it sent.
+(:class:`ErrorFeedback`), the reduction built on them (:func:`lowbit_average`) and the buffers
+it may reuse between rounds (:class:`Scratch`). It knows nothing of models or schedules: the
+averager hands it the flat change since the anchor and gets back the average, the same bits on
+every worker, and the bytes it sent.
 
 Codec. Symmetric absmax scaling per block of :data:`BLOCK_NUMEL` = 256 consecutive elements:
 ``scale = max|x| / qmax`` (float32, one per block), ``code = round(x / scale)`` clamped to
@@ -26,7 +27,7 @@ Reduction. :func:`lowbit_average` is a reduce-scatter followed by an all-gather,
 format: each worker adds its residual to its input, splits it into ``world_size`` chunks,
 encodes each chunk and sends chunk ``j`` (codes and scales) to worker ``j`` (all-to-all).
 Worker ``j`` decodes the chunks it received and adds them in float32 in rank order, divides by
-the world size, adds its shard residual, re-encodes the averaged shard with the same codec and
+the world size (or the weights' sum, below), adds its shard residual, re-encodes the averaged shard with the same codec and
 sends it to all (all-gather); every worker decodes the same bytes into the same bits. It never
 sums in 8 or 4 bits: codes from different workers carry different scales, so they are not in
 the same units until decoded; a sum of ``world_size`` codes needs ``log2(world_size)`` more bits
@@ -41,15 +42,29 @@ Summed over rounds, the decoded averages equal the averages of the true inputs m
 current residuals (``mean_i e_i + f``): the running sum tracks the truth within one round's
 quantization error, instead of drifting by a bias each round.
 
-Bytes. What this worker puts on the wire to its peers, scales and padding included: in the
-all-to-all its ``world_size - 1`` chunks for the others, in the all-gather its shard to each of
-the ``world_size - 1`` others (a worker's own chunk never leaves it). Chunks are
-``ceil(numel / world_size)`` elements, so padding is under ``world_size`` elements (one more
-code per chunk for odd int4 chunks). A float32 all-reduce with the same reduce-scatter and
-all-gather pattern (what :mod:`localclip.comm.distributed` does for three or more workers, and
-what a ring moves) sends ``2 * (world_size - 1)`` float32 chunks; with two workers that is
-``numel * 4`` bytes. The encoded bytes assume the workers share one byte order (scales travel
-as raw float32 bytes).
+Transport. Each phase is issued as several collectives of at most :data:`PIECE_BYTES` per
+peer, all started (``start_all_to_all``, ``start_all_gather``) before the first is waited for:
+over gloo on a shaped 100 Mbit/s link one all-to-all of 12.3 MB each way took 1.9-2.1 s (twice
+the wire time) and 8 such pieces one after the other as long, while 32 pieces in flight
+together took 1.04 s. The pieces carry the same bytes, so the results do not depend on them.
+
+Weights. With ``taking_part`` each chunk also carries its sender's weight (a float32, 1 or 0),
+so that a round can leave workers out (partial participation, non-finite values) without a
+collective of its own: a worker left out sends zero chunks with weight 0, and each owner divides
+its sum by the weights' sum, which every worker receives in the all-to-all and so knows.
+
+Bytes. :attr:`LowbitRound.bytes_sent` is what this worker puts on the wire to its peers, scales,
+padding and weights included: in the all-to-all its ``world_size - 1`` chunks for the others, in
+the all-gather its shard to each of the ``world_size - 1`` others (a worker's own chunk never
+leaves it). Chunks are ``ceil(numel / world_size)`` elements, so padding is under
+``world_size`` elements (one more code per chunk for odd int4 chunks). A float32 all-reduce
+with the same reduce-scatter and all-gather pattern (what :mod:`localclip.comm.distributed`
+does for three or more workers, and what a ring moves) sends ``2 * (world_size - 1)`` float32
+chunks; with two workers that is ``numel * 4`` bytes. :attr:`LowbitRound.payload` is the
+all-to-all's send buffer, every chunk with its own: the whole input encoded, the counterpart of
+an all-reduce's tensor (what the averager counts; on the wire both move about
+``2 (world_size - 1) / world_size`` times that). The encoded bytes assume the workers share one
+byte order (scales travel as raw float32 bytes).
 """
 
 from __future__ import annotations
@@ -60,9 +75,12 @@ import torch
 
 from localclip.comm.base import Communicator
 
-__all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitRound", "decode", "encode", "encoded_nbytes", "lowbit_average"]
+__all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitRound", "Scratch", "decode", "encode", "encoded_nbytes", "lowbit_average"]
 
 BLOCK_NUMEL = 256
+# Each phase goes out as collectives of at most this many bytes per peer, all started before any
+# is waited for (see "Transport" in the module docstring).
+PIECE_BYTES = 512 << 10
 _QMAX = {8: 127, 4: 7}
 
 
@@ -102,44 +120,146 @@ class Encoded(NamedTuple):
         return self.codes.numel() + 4 * self.scales.numel()
 
 
+def _padded(rows: int, m: int, block: int, device, scratch: "Scratch | None" = None, name: str = "") -> torch.Tensor:
+    """A float32 matrix of ``rows`` rows of whole blocks covering ``m`` elements, zero past ``m``
+    (only the tail is cleared: the caller fills columns ``[0, m)``)."""
+    width = -(-m // block) * block
+    xp = _buffer(scratch, name, (rows, width), torch.float32, device)
+    xp[:, m:].zero_()
+    return xp
+
+
+class Scratch:
+    """Buffers that :func:`lowbit_average` reuses from one call to the next: a round allocates
+    several copies of the model, and fresh memory costs a page fault per 4 KiB (about half of
+    a round's time on the CPU without them). One per caller (per flat bucket); not thread-safe."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def output(self, numel: int, device) -> torch.Tensor:
+        """The float32 buffer that :func:`lowbit_average` returns the average in. A caller may
+        keep that call's input there: the input is read only before the all-to-all, the average
+        written after the all-gather."""
+        return self.get("average", (numel,), torch.float32, device)
+
+    def get(self, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        t = self._buffers.get(name)
+        if t is None or t.shape != torch.Size(shape) or t.dtype != dtype or t.device != torch.device(device):
+            t = self._buffers[name] = torch.empty(shape, dtype=dtype, device=device)
+        return t
+
+
+def _buffer(scratch: Scratch | None, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device) if scratch is None else scratch.get(name, shape, dtype, device)
+
+
+def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor, *others: torch.Tensor) -> None:
+    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat`` (plus each of ``others``,
+    added in order); rows past its end hold zeros."""
+    n = flat.numel()
+    full, rest = divmod(n, m)
+    for lo, hi, target in ((0, full * m, xp[:full, :m]), (full * m, n, xp[full:full + 1, : rest])):
+        if hi == lo:
+            continue
+        src = flat[lo:hi].view(target.shape)
+        if others:
+            torch.add(src, others[0][lo:hi].view(target.shape), out=target)
+            for extra in others[1:]:
+                target.add_(extra[lo:hi].view(target.shape))
+        else:
+            target.copy_(src)
+    if rest:
+        xp[full, rest:m].zero_()
+    xp[full + (rest > 0):, :m].zero_()
+
+
+def _sub_rows(flat: torch.Tensor, xp: torch.Tensor, m: int) -> None:
+    """``flat`` minus columns ``[0, m)`` of ``xp``'s rows (laid out as :func:`_rows_from_flat`)."""
+    n = flat.numel()
+    full, rest = divmod(n, m)
+    flat[: full * m].view(full, m).sub_(xp[:full, :m])
+    if rest:
+        flat[full * m :].sub_(xp[full, :rest])
+
+
+def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_rows_from_flat`: ``out`` (flat) takes columns ``[0, m)`` of ``xp``'s rows."""
+    n = out.numel()
+    full, rest = divmod(n, m)
+    out[: full * m].view(full, m).copy_(xp[:full, :m])
+    if rest:
+        out[full * m :].copy_(xp[full, :rest])
+    return out
+
+
 @torch.no_grad()
-def _encode_rows(x: torch.Tensor, bits: int, block: int, generator: torch.Generator | None):
-    """Encode each row of the float32 matrix ``x`` on its own: (codes [rows, code bytes], scales [rows, blocks])."""
-    rows, m = x.shape
+def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: torch.Generator | None,
+                 codes_out: torch.Tensor | None = None, scratch: Scratch | None = None):
+    """Encode each row of ``xp`` (float32 ``[rows, whole blocks]``, zero past column ``m``) on its
+    own: (codes ``[rows, code bytes of m]``, scales ``[rows, blocks]``, whether a block was lost).
+    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block).
+    The codes go into ``codes_out`` if given (uint8 ``[rows, code bytes]``, may be a strided view).
+
+    Few passes and no large allocation but the codes, because a round encodes the whole model
+    twice: the absmax comes from one min/max pass (NaN propagates through it, so a block with a
+    NaN or an Inf is found from its scale alone), a lost block is cleared only when there is
+    one, and the quotient, its rounding and the decoding are done in ``xp`` itself."""
+    rows = xp.shape[0]
     qmax = _QMAX[bits]
-    nb = -(-m // block)
-    blocks = torch.nn.functional.pad(x, (0, nb * block - m)).view(rows, nb, block)
-    finite = torch.isfinite(blocks).all(dim=2)
-    scales = blocks.abs().amax(dim=2) / qmax
-    scales = torch.where(finite, scales, torch.full_like(scales, float("nan")))
-    divisor = torch.where(finite & (scales > 0), scales, torch.ones_like(scales))
-    y = blocks / divisor.unsqueeze(2)
+    nb = xp.shape[1] // block
+    blocks = xp.view(rows, nb, block)
+    lo, hi = torch.aminmax(blocks, dim=2)
+    scales = torch.maximum(hi, lo.neg_()).div_(qmax)
+    finite = torch.isfinite(scales)
+    lost = not bool(finite.all())
+    if lost:
+        scales.masked_fill_(~finite, float("nan"))
+        blocks.masked_fill_(~finite.unsqueeze(2), 0.0)
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))  # NaN > 0 is False
+    y = blocks.div_(divisor.unsqueeze(2))
     if generator is None:
-        q = torch.round(y)
+        y.round_()
     else:
-        q = torch.floor(y + torch.rand(y.shape, generator=generator, dtype=y.dtype, device=y.device))
-    q = torch.where(finite.unsqueeze(2), q.clamp(-qmax, qmax), torch.zeros_like(q))
-    q = q.view(rows, nb * block)[:, :m]
+        y.add_(torch.rand(y.shape, generator=generator, dtype=y.dtype, device=y.device)).floor_()
+    y.clamp_(-qmax, qmax)  # only tiny (subnormal) scales, whose quotient is inexact, need it
+    cb = m if bits == 8 else (m + 1) // 2
+    codes = torch.empty(rows, cb, dtype=torch.uint8, device=xp.device) if codes_out is None else codes_out
     if bits == 8:
-        codes = q.to(torch.int8).view(torch.uint8)
+        codes.view(torch.int8).copy_(xp[:, :m])
     else:
-        u = (q + 8).to(torch.uint8)
-        if m % 2:
-            u = torch.nn.functional.pad(u, (0, 1), value=8)  # a zero code
-        codes = u[:, 0::2] | (u[:, 1::2] << 4)
-    return codes.contiguous(), scales.contiguous()
+        # Past m the values are zeros, so an odd m's padding code is a zero code (8).
+        q = _buffer(scratch, "int4", (rows, 2 * cb), torch.int8, xp.device)
+        q.copy_(xp[:, : 2 * cb])
+        q = q.view(torch.uint8).add_(8)  # -7..7 as uint8 wraps to 1..15
+        torch.bitwise_or(q[:, 0::2], q[:, 1::2].bitwise_left_shift(4), out=codes)
+    blocks.mul_(scales.unsqueeze(2))
+    return codes, scales.contiguous(), lost
+
+
+def _drop_nonfinite(residual: torch.Tensor) -> None:
+    residual.masked_fill_(~torch.isfinite(residual), 0.0)
 
 
 @torch.no_grad()
-def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int) -> torch.Tensor:
-    """Decode :func:`_encode_rows`' output back to a float32 matrix of rows of ``m`` elements."""
+def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode :func:`_encode_rows`' output back to float32: a ``[rows, m]`` view of whole blocks
+    (of ``out``, float32 ``[rows, blocks * block]``, if given)."""
     rows, nb = scales.shape
+    if out is None:
+        out = torch.empty(rows, nb * block, dtype=torch.float32, device=codes.device)
     if bits == 8:
-        q = codes.view(torch.int8).to(torch.float32)
+        out[:, :m].copy_(codes.view(torch.int8))
+        used = m
     else:
-        q = torch.stack([codes & 0xF, codes >> 4], dim=2).view(rows, -1)[:, :m].to(torch.float32) - 8
-    q = torch.nn.functional.pad(q, (0, nb * block - m)).view(rows, nb, block)
-    return (q * scales.unsqueeze(2)).view(rows, nb * block)[:, :m]
+        used = 2 * codes.shape[1]
+        out[:, 0:used:2].copy_(codes & 0xF)
+        out[:, 1:used:2].copy_(codes >> 4)
+        out[:, :used].sub_(8)
+    out[:, used:].zero_()
+    out.view(rows, nb, block).mul_(scales.unsqueeze(2))
+    return out[:, :m]
 
 
 def _check_flat(x: torch.Tensor, what: str) -> None:
@@ -151,13 +271,15 @@ def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: t
     """Encode the 1-D float32 tensor ``x`` with ``bits`` = 8 or 4 (see the module docstring)."""
     _check_flat(x, "encode input")
     bits, block = _check_bits(bits), _check_block(block)
-    codes, scales = _encode_rows(x.view(1, -1), bits, block, generator)
+    xp = _padded(1, x.numel(), block, x.device)
+    xp[0, : x.numel()].copy_(x)
+    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator)
     return Encoded(codes[0], scales[0], x.numel(), bits, block)
 
 
 def decode(enc: Encoded) -> torch.Tensor:
     """The float32 values that ``enc`` stands for."""
-    return _decode_rows(enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block)[0]
+    return _decode_rows(enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block)[0].clone()
 
 
 class ErrorFeedback:
@@ -194,15 +316,21 @@ class ErrorFeedback:
 
 
 class LowbitRound(NamedTuple):
-    """The result of :func:`lowbit_average`: the averaged tensor (the same bits on every worker)
-    and the bytes this worker sent to its peers (codes, scales and padding, both phases)."""
+    """The result of :func:`lowbit_average`: the averaged tensor (the same bits on every worker),
+    the bytes this worker sent to its peers (codes, scales, padding and weights, both phases),
+    the bytes of its all-to-all send buffer (every chunk, its own included, with their weights:
+    its whole input encoded), and how many workers took part (every worker knows the same
+    number; 0 leaves a NaN average)."""
 
     average: torch.Tensor
     bytes_sent: int
+    payload: int = 0
+    taking_part: int = 0
 
 
-def _drop_nonfinite(residual: torch.Tensor) -> None:
-    residual.masked_fill_(~torch.isfinite(residual), 0.0)
+def _pieces(nbytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of at most :data:`PIECE_BYTES` covering ``nbytes`` (one empty range for 0)."""
+    return [(lo, min(nbytes, lo + PIECE_BYTES)) for lo in range(0, max(nbytes, 1), PIECE_BYTES)]
 
 
 @torch.no_grad()
@@ -214,56 +342,108 @@ def lowbit_average(
     *,
     block: int = BLOCK_NUMEL,
     generator: torch.Generator | None = None,
+    taking_part: bool | None = None,
+    scratch: Scratch | None = None,
 ) -> LowbitRound:
     """Average the 1-D float32 ``delta`` over ``comm``'s workers in ``bits``-bit wire format.
 
-    All workers call it with tensors of the same length, ``bits`` and ``block``. With
-    ``feedback``, its residuals are added to this round's input and replaced by what this
-    round's encodings left out; without it, that is dropped. ``generator`` makes the rounding
-    stochastic (this worker's draws only). ``delta`` is not modified. With one worker nothing is
-    sent: the average is the input (``delta`` plus the residual, which is then zero).
+    All workers call it with tensors of the same length, ``bits``, ``block`` and the same kind
+    of ``taking_part`` (None on all, or a bool on all). With ``feedback``, its residuals are
+    added to this round's input and replaced by what this round's encodings left out; without
+    it, that is dropped. ``generator`` makes the rounding stochastic (this worker's draws only).
+    ``delta`` is not modified. With one worker nothing is sent: the average is the input
+    (``delta`` plus the residual, which is then zero).
+
+    ``taking_part``: None, every worker's input counts and the sum is divided by the world
+    size. A bool: each chunk carries this worker's weight (1 or 0, a float32 after its scales);
+    a worker not taking part sends zero chunks and keeps its residual for a later round (it
+    still owns its shard: it sums, re-encodes and sends it, updating its shard residual), and
+    each owner divides its sum by the weights' sum, which every worker then knows.
+
+    ``scratch``: buffers to reuse between calls (:class:`Scratch`); the returned average then
+    lives in it, until the next call with the same scratch.
     """
     _check_flat(delta, "lowbit_average input")
     bits, block = _check_bits(bits), _check_block(block)
-    n, world, rank = delta.numel(), comm.world_size, comm.rank
+    n, world = delta.numel(), comm.world_size
     if feedback is not None and feedback.residual.shape != delta.shape:
         raise ValueError(f"Error-feedback residual has {feedback.residual.numel()} elements, the input {n}")
-    u = delta + feedback.residual if feedback is not None else delta.clone()
+    weighted = taking_part is not None
+    # What this worker sends and the residual that tracks it; a worker not taking part sends
+    # zeros, and its residual waits for a round it takes part in.
+    sending = feedback if not weighted or taking_part else None
     if world == 1 or n == 0:
-        if feedback is not None:
-            feedback.residual.zero_()
-        return LowbitRound(u, 0)
+        u = torch.zeros_like(delta) if weighted and not taking_part else delta + sending.residual if sending is not None else delta.clone()
+        if sending is not None:
+            sending.residual.zero_()
+        return LowbitRound(u, 0, 0, int(taking_part) if weighted else world)
 
+    device = delta.device
     m = -(-n // world)  # chunk length: chunk j is worker j's shard
-    chunks = torch.nn.functional.pad(u, (0, m * world - n)).view(world, m)
-    codes, scales = _encode_rows(chunks, bits, block, generator)
-    if feedback is not None:
-        sent = _decode_rows(codes, scales, m, bits, block).reshape(-1)[:n]
-        feedback.residual.copy_(u - sent)
-        _drop_nonfinite(feedback.residual)
-    cb, nb = codes.shape[1], scales.shape[1]
+    xp = _padded(world, m, block, device, scratch, "input")
+    if weighted and not taking_part:
+        xp[:, :m].zero_()
+    elif sending is not None:
+        _rows_from_flat(xp, m, delta, sending.residual)
+    else:
+        _rows_from_flat(xp, m, delta)
+    nb = xp.shape[1] // block
+    cb = m if bits == 8 else (m + 1) // 2
     wire = cb + 4 * nb  # bytes of one encoded chunk
-    payload = torch.cat([codes, scales.view(torch.uint8)], dim=1)  # [world, wire]
-    received = torch.empty_like(payload)
-    comm.all_to_all(list(payload.unbind(0)), list(received.unbind(0)))
+    # Each chunk on the wire: its codes, its scales (float32 bytes), and its weight if any.
+    payload = _buffer(scratch, "payload", (world, wire + 4 * weighted), torch.uint8, device)
+    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch)
+    payload[:, cb:wire].copy_(scales.view(torch.uint8))
+    if weighted:
+        payload[:, wire:].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
+    if sending is not None:
+        # residual <- (delta + residual) - decoded: the input again, in the same order (same bits).
+        _sub_rows(sending.residual.add_(delta), xp, m)
+        if lost:
+            _drop_nonfinite(sending.residual)
+    received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
+    pending = [comm.start_all_to_all(list(payload[:, lo:hi].unbind(0)), list(received[:, lo:hi].unbind(0)))
+               for lo, hi in _pieces(payload.shape[1])]
+    for p in pending:
+        p.wait()
 
     # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
-    parts = _decode_rows(received[:, :cb], received[:, cb:].contiguous().view(torch.float32), m, bits, block)
-    shard = parts[0].clone()
-    for i in range(1, world):
+    decode_out = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)
+    parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, decode_out)
+    sp = _padded(1, m, block, device, scratch, "shard")
+    shard = sp[0, :m]
+    torch.add(parts[0], parts[1], out=shard)
+    for i in range(2, world):
         shard.add_(parts[i])
-    shard.div_(world)
+    if weighted:
+        weights = received[:, wire:].contiguous().view(torch.float32)[:, 0]
+        total = weights[0].clone()
+        for i in range(1, world):
+            total.add_(weights[i])
+        shard.div_(total)
+        count = int(total.item())
+    else:
+        shard.div_(world)
+        count = world
     if feedback is not None:
         if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
-            feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=delta.device)
+            feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
         shard.add_(feedback.shard_residual)
-    shard_codes, shard_scales = _encode_rows(shard.view(1, m), bits, block, generator)
+        feedback.shard_residual.copy_(shard)
+    mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
+    _, shard_scales, lost = _encode_rows(sp, m, bits, block, generator, mine[:, :cb], scratch)
+    mine[:, cb:].copy_(shard_scales.view(torch.uint8))
     if feedback is not None:
-        feedback.shard_residual.copy_(shard - _decode_rows(shard_codes, shard_scales, m, bits, block)[0])
-        _drop_nonfinite(feedback.shard_residual)
-    mine = torch.cat([shard_codes[0], shard_scales[0].view(torch.uint8)])
-    gathered = torch.empty(world, wire, dtype=torch.uint8, device=delta.device)
-    comm.all_gather(mine, list(gathered.unbind(0)))
+        feedback.shard_residual.sub_(shard)
+        if lost:
+            _drop_nonfinite(feedback.shard_residual)
+    gathered = _buffer(scratch, "gathered", (world, wire), torch.uint8, device)
+    pending = [comm.start_all_gather(mine[0, lo:hi], list(gathered[:, lo:hi].unbind(0))) for lo, hi in _pieces(wire)]
+    for p in pending:
+        p.wait()
 
-    average = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block)
-    return LowbitRound(average.reshape(-1)[:n].clone(), 2 * (world - 1) * wire)
+    decoded = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, decode_out)
+    out = torch.empty(n, dtype=torch.float32, device=device) if scratch is None else scratch.output(n, device)
+    average = _flat_from_rows(decoded, m, out)
+    return LowbitRound(average, (world - 1) * (payload.shape[1] + wire), payload.numel(), count)
+

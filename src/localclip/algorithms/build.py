@@ -8,8 +8,8 @@ A run is three independent choices, each implemented (and its allowed values kep
   (``naive``), models every ``period`` steps (``celgc``, ``local-sgd``), EPISODE's rounds, or
   none (``single``);
 * what a round does with the average: ``outer_optimizer`` (:data:`localclip.outer.OUTER_OPTIMIZERS`,
-  built by :func:`outer_optimizer`), ``compression`` (:data:`localclip.averaging.COMPRESSIONS`, applied by the averager),
-  ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``).
+  built by :func:`outer_optimizer`), ``compression`` (:data:`localclip.averaging.COMPRESSIONS`, applied by the averager;
+  ``error_feedback`` with int8/int4), ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``).
 
 :func:`build_algorithm` composes them through the algorithms' public constructor
 (:meth:`~localclip.algorithms.DistributedAlgorithm.from_optimizer`), so that a config and the
@@ -34,6 +34,7 @@ from localclip.algorithms.base import DistributedAlgorithm
 from localclip.algorithms.celgc import CELGC
 from localclip.algorithms.episode import EPISODE
 from localclip.algorithms.naive import NaiveParallelClipping
+from localclip.averaging.compression import LOWBIT
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW, ClippedSGD
 from localclip.outer import OUTER_OPTIMIZERS, OuterSGD
 
@@ -144,6 +145,8 @@ def check(config, bad) -> None:
         for name, off in (("outer_optimizer", "none"), ("compression", "none"), ("fragments", 1), ("overlap", 0)):
             if getattr(config, name) != off:
                 bad(name, f"applies to the model-averaging algorithms ({periodic}), not algorithm={config.algorithm}")
+    if not config.error_feedback and config.compression not in LOWBIT:
+        bad("error_feedback", f"false applies to compression={'|'.join(LOWBIT)}, not compression={config.compression}")
     _check_streaming(config, bad)
     if config.eval_interval and s.averages_models and config.eval_interval % config.period:
         # Evaluations score the averaged model, which exists only at the end of a period.
@@ -156,6 +159,9 @@ def _check_streaming(config, bad) -> None:
         for name, off in (("fragments", 1), ("overlap", 0)):
             if getattr(config, name) != off:
                 bad(name, "algorithm=episode's correction needs every worker at the same whole model when a round starts")
+    if config.overlap and config.compression in LOWBIT:
+        bad("overlap", f"compression={config.compression} rounds (an all-to-all, then an all-gather) are not run in the background; "
+                       "use overlap=0 (fragments work)")
     if config.overlap_alpha and not config.overlap:
         bad("overlap_alpha", "merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
     if config.fragments == 1 and not config.overlap:
@@ -230,6 +236,8 @@ def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
     if s.averages_models:
         options.update(participants=config.participants, participation_seed=config.seed,
                        outer_optimizer=outer_optimizer(config), compression=config.compression)
+        if config.compression in LOWBIT:
+            options.update(error_feedback=config.error_feedback)
         if config.fragments != 1 or config.overlap:
             options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha)
     return compose(config.algorithm, model, local_update(config, model), config.period, group=comm, **options)

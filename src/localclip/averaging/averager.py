@@ -67,7 +67,10 @@ class PeriodicAverager:
             :mod:`localclip.averaging.round`). Results do not depend on it.
         compression: ``"none"``, or send the change since the anchor as ``"bf16"`` or
             ``"fp16"`` (see :mod:`localclip.averaging.compression`; fp16 keeps 3 more mantissa
-            bits but overflows beyond ±65504, which counts as non-finite).
+            bits but overflows beyond ±65504, which counts as non-finite), or as ``"int8"`` or
+            ``"int4"`` codes with a float32 scale per 256 elements (:mod:`localclip.lowbit`).
+        error_feedback: with int8/int4, keep what each round's encodings left out and add it
+            to the next round (checkpointed in :meth:`state_dict`); False drops it.
         outer_optimizer: ``None`` (plain averaging), an :class:`~localclip.outer.OuterSGD`, or a
             factory ``params -> torch.optim.Optimizer`` (see :mod:`localclip.outer`).
         fragments: P >= 1: split the averaged state into P fragments of about equal bytes
@@ -92,8 +95,11 @@ class PeriodicAverager:
 
     Memory: with ``compression`` or ``outer_optimizer``, one more copy of the averaged tensors
     (the anchor, :attr:`anchor_numel`), plus the outer optimizer's state (``OuterSGD``: its
-    momentum buffer, one copy of the parameters when ``momentum > 0``), plus for compression a
-    2-byte send buffer of the same length.
+    momentum buffer, one copy of the parameters when ``momentum > 0``), plus for bf16/fp16 a
+    2-byte send buffer of the same length; for int8/int4, reused round buffers (float32: the
+    change, which later holds the average, the encoder's input and the decoded chunks, three
+    copies; the codes, about 1/4 (int8) or 1/8 (int4) of a copy, twice) and with error feedback
+    a float32 residual of the same length and one of a 1/world-size shard.
 
     Attributes:
         rounds: averaging rounds so far.
@@ -117,6 +123,7 @@ class PeriodicAverager:
         chunk_bytes: int | str | None = DEFAULT_CHUNK_BYTES,
         compression: str = "none",
         outer_optimizer: OuterSGD | TorchOuter | Callable | None = None,
+        error_feedback: bool = True,
         fragments: int = 1,
         overlap: int = 0,
         overlap_alpha: float = 0.0,
@@ -130,6 +137,13 @@ class PeriodicAverager:
         if chunk_bytes not in (None, "auto") and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
             raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1, None or 'auto')")
         _compression.check(compression)
+        if overlap and compression in _compression.LOWBIT:
+            raise ValueError(f"Invalid overlap={overlap} with compression={compression!r}: a low-bit round (an all-to-all, then an "
+                             "all-gather) is not run in the background; use overlap=0 (fragments work)")
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"Invalid error_feedback: {error_feedback!r} (expected True or False)")
+        if not error_feedback and compression not in _compression.LOWBIT:
+            raise ValueError(f"Invalid error_feedback=False with compression={compression!r}: it applies to {', '.join(_compression.LOWBIT)}")
         outer = make_outer(outer_optimizer)
         if optimizer_state not in OPTIMIZER_STATE_MODES:
             raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
@@ -161,14 +175,16 @@ class PeriodicAverager:
         if fragments > 1 and outer is not None and not outer.blockwise:
             raise ValueError(f"Invalid outer optimizer {outer!r} with fragments={fragments}: a torch.optim optimizer steps all its parameters at once; use OuterSGD")
         self.fragments, self.overlap, self.overlap_alpha = fragments, overlap, float(overlap_alpha)
+        # Streaming rounds run one Round per fragment; this one then only averages buffers (naive).
         self._round = Round(self.comm, self._buckets, participants=participants, participation_seed=participation_seed,
-                            skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer)
+                            skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer,
+                            compression="none" if streaming else compression, error_feedback=error_feedback)
         # Every worker starts from rank 0's model (x₀ is shared).
         self._collective("initial broadcast", lambda: self.comm.broadcast([b.values for b in self._buckets], src=0))
         if compression != "none" or outer is not None:
             for b in self._buckets:
                 b.anchor = b.values.clone()
-                if compression != "none":
+                if compression in _compression.WIRE_DTYPES:
                     b.wire = _compression.make_wire(b, compression)
         self._split = _fragments.split(self._names, self._buckets, fragments)
         self._in_flight: list[_overlap.InFlight] = []
@@ -182,7 +198,8 @@ class PeriodicAverager:
         self._live = [f.slices(self._buckets) for f in self._split]
         if outer is not None:
             outer.bind([s.anchor[: s.n_params] for live in self._live for s in live if s.n_params])
-        options = dict(participants=participants, participation_seed=participation_seed, skip_nonfinite=skip_nonfinite)
+        options = dict(participants=participants, participation_seed=participation_seed, skip_nonfinite=skip_nonfinite,
+                       compression=compression, error_feedback=error_feedback)
         bases = [sum(1 for live in self._live[:p] for s in live if s.n_params) for p in range(fragments)]
         outers = [outer if outer is None or fragments == 1 else _fragments.FragmentOuter(outer, base) for base in bases]
         self._blocking = [Round(self.comm, live, chunk_bytes=chunk_bytes, outer=o, **options) for live, o in zip(self._live, outers)]
@@ -359,6 +376,13 @@ class PeriodicAverager:
         between two fragments is named in both)."""
         return [list(f.names) for f in self._split]
 
+    @property
+    def _feedback(self):
+        """The error-feedback residuals of every round kind (one per bucket, or per fragment's
+        bucket slice), in order; None without low-bit feedback."""
+        feedback = [f for r in self._blocking for f in (r.feedback or [])]
+        return feedback or None
+
     def state_dict(self) -> dict:
         """Counters, and with an anchor the anchor and the outer optimizer's state (a resume
         mid-period needs both to take the same next round). A round in flight is waited for
@@ -380,6 +404,7 @@ class PeriodicAverager:
             "compression": self.compression,
             "outer": None if self.outer is None else self.outer.state_dict(),
             "anchors": [None if b.anchor is None else b.anchor.clone() for b in self._buckets],
+            "error_feedback": None if self._feedback is None else [f.state_dict() for f in self._feedback],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -405,8 +430,18 @@ class PeriodicAverager:
         theirs = None if saved_outer is None else saved_outer.get("kind")
         if ours != theirs:
             raise ValueError(f"Checkpoint outer optimizer {theirs or 'none'!r} differs from this run's {ours or 'none'!r}")
+        feedback, ours = state.get("error_feedback"), self._feedback
+        if (feedback is None) != (ours is None):
+            raise ValueError(f"Checkpoint error feedback {'on' if feedback is not None else 'off'} differs from this run's "
+                             f"{'on' if ours is not None else 'off'}")
+        if ours is not None:
+            for f, saved in zip(ours, feedback):
+                if saved["residual"].shape != f.residual.shape:
+                    raise ValueError(f"Checkpoint error-feedback residual has {saved['residual'].numel()} elements, expected {f.residual.numel()}")
         if self.outer is not None:
             self.outer.load_state_dict(saved_outer)
+        for f, saved in zip(ours or [], feedback or []):
+            f.load_state_dict(saved)
         for b, anchor in zip(self._buckets, state.get("anchors") or [None] * len(self._buckets)):
             if b.anchor is not None and anchor is not None:
                 b.anchor.copy_(anchor)

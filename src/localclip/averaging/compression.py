@@ -1,4 +1,4 @@
-"""Compressed rounds: each worker sends its change since the anchor in a 2-byte format.
+"""Compressed rounds: each worker sends its change since the anchor in a 2-, 1- or ½-byte format.
 
 With ``compression="bf16"|"fp16"`` a worker sends ``(x_i − a)/K`` (``a`` the anchor, the
 averaged values as of the last round, identical on every worker) as an all-reduce in that
@@ -6,6 +6,15 @@ format: half the bytes of float32. Every worker adds the same decoded sum to the
 stay bit-identical. The sum of K low-precision terms is rounded once per addition, so the error
 grows with K (see :meth:`~localclip.averaging.PeriodicAverager.average`). An all-reduce, rather
 than an all-gather and a float32 sum, keeps the bytes per worker from growing with K.
+
+With ``compression="int8"|"int4"`` (:data:`LOWBIT`) a worker sends its change ``x_i − a`` (in
+float32) through :func:`localclip.lowbit.lowbit_average`: blocks of 256 elements with one
+float32 absmax scale each, nearest rounding (deterministic: no generator, nothing to seed), an
+all-to-all of encoded chunks, float32 sums in rank order on each chunk's owner, a re-encoded
+all-gather; every worker adds the same decoded average change to the anchor. With error
+feedback (the default) each worker keeps what its encodings left out and adds it next round
+(:class:`localclip.lowbit.ErrorFeedback`, checkpointed by the averager); without it that is
+dropped every round, a bias that nearest rounding makes systematic.
 """
 
 from __future__ import annotations
@@ -14,10 +23,11 @@ import torch
 
 from localclip.averaging.buffers import BLOCK_NUMEL, FlatBucket
 
-__all__ = ["COMPRESSIONS", "check", "encode", "make_wire"]
+__all__ = ["COMPRESSIONS", "LOWBIT", "check", "encode", "make_wire"]
 
-COMPRESSIONS = ("none", "bf16", "fp16")
+COMPRESSIONS = ("none", "bf16", "fp16", "int8", "int4")
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+LOWBIT = {"int8": 8, "int4": 4}  # compression -> bits of :mod:`localclip.lowbit`'s codes
 
 
 def check(compression: str) -> None:

@@ -9,6 +9,16 @@ left-out worker's values never reach the others. After the transport, the work o
 (rescaling, decoding a compressed round, the outer step, the new anchor) runs block by block,
 while each block is in cache.
 
+A low-bit round (``compression="int8"|"int4"``) is no all-reduce: each worker's change since
+the anchor goes through :func:`localclip.lowbit.lowbit_average` (all-to-all, float32 sums in
+rank order, all-gather), one call per flat bucket, each chunk carrying its sender's weight in
+place of the all-reduce's weight. The same policies hold: a worker not sampled (partial
+participation) or left out for non-finite values (its change, checked before anything is sent)
+sends zeros with weight 0 and keeps its error-feedback residual for a later round, and the
+owners divide by the weights' sum; every worker still owns its shard of the reduction, so the
+bytes do not depend on who takes part. The decoded average change is added to the anchor, and
+the outer step (if any) takes ``anchor − that`` as its pseudo-gradient, as in a 2-byte round.
+
 Chunking: the all-reduce can be split into chunks so that the work on the first chunks overlaps
 the transport of the rest. That pays only where there is work after the transport, a round
 with an outer step; the averager's ``chunk_bytes="auto"`` chooses it then (measurements in
@@ -21,8 +31,10 @@ import torch
 
 from localclip.averaging import compression
 from localclip.averaging.buffers import BLOCK_NUMEL, FlatBucket
+from localclip.averaging.compression import LOWBIT
 from localclip.data.sharding import sample_participants
 from localclip.errors import NonFiniteError
+from localclip.lowbit import ErrorFeedback, Scratch, lowbit_average
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "OUTER_CHUNK_BYTES", "Round"]
 
@@ -35,10 +47,17 @@ OUTER_CHUNK_BYTES = 8 << 20
 class Round:
     """Runs rounds over ``buckets``: see the module docstring. Holds no counters: the averager does."""
 
-    def __init__(self, comm, buckets: list[FlatBucket], *, participants, participation_seed, skip_nonfinite, chunk_bytes, outer):
+    def __init__(self, comm, buckets: list[FlatBucket], *, participants, participation_seed, skip_nonfinite, chunk_bytes, outer,
+                 compression: str = "none", error_feedback: bool = True):
         self.comm, self.buckets = comm, buckets
         self.participants, self.participation_seed = participants, participation_seed
         self.skip_nonfinite, self.chunk_bytes, self.outer = skip_nonfinite, chunk_bytes, outer
+        # Low-bit rounds: the codes' bits, and each bucket's error feedback (None: none kept).
+        self.bits = LOWBIT.get(compression)
+        self.feedback: list[ErrorFeedback] | None = None
+        if self.bits is not None and error_feedback:
+            self.feedback = [ErrorFeedback(b.values.numel(), device=b.values.device) for b in buckets]
+        self.scratch = [Scratch() for _ in buckets] if self.bits is not None else None
         first = buckets[0].values
         self._weight = torch.zeros(1, dtype=torch.float32, device=first.device)
         self._found = torch.zeros(1, dtype=torch.float32, device=first.device)
@@ -47,6 +66,8 @@ class Round:
     def run(self, index: int, collective, on_left_out) -> int:
         """Round ``index`` (0-based); returns its payload bytes. ``collective(what, fn)`` runs the
         all-reduce; ``on_left_out()`` is called when this worker is left out for non-finite values."""
+        if self.bits is not None:
+            return self._run_lowbit(index, self._taking_part(index), collective, on_left_out)
         expected = self.begin(index, on_left_out)
         pieces = [(b, lo, hi) for b in self.buckets for lo, hi in b.ranges(self._chunk_numel(b))]
         tensors = [self._weight] + [b.sent[lo:hi] for b, lo, hi in pieces]
@@ -73,11 +94,9 @@ class Round:
         """Round ``index``'s first half: decide who takes part, fill what this worker sends and its
         weight (1 or 0); returns K, the workers expected to take part."""
         expected = self.comm.world_size
-        taking_part = True
+        taking_part = self._taking_part(index)
         if self.participants is not None and self.participants < self.comm.world_size:
             expected = self.participants
-            chosen = sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)
-            taking_part = self.comm.rank in chosen
         if taking_part and not self._prepare(expected):
             if not self.skip_nonfinite:
                 raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
@@ -100,6 +119,12 @@ class Round:
             self._finish_piece(b, 0, b.values.numel(), total, expected)
         if self.outer is not None and not self.outer.blockwise:
             self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
+
+    def _taking_part(self, index: int) -> bool:
+        """Whether this worker is sampled for round ``index`` (partial participation)."""
+        if self.participants is None or self.participants >= self.comm.world_size:
+            return True
+        return self.comm.rank in sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)
 
     def _chunk_numel(self, bucket: FlatBucket) -> int | None:
         return None if self.chunk_bytes is None else self.chunk_bytes // bucket.sent.element_size()
@@ -138,14 +163,57 @@ class Round:
             anchor = b.anchor[start:end]
             if b.wire is not None:
                 values.add_(anchor)  # x̄ = a + mean change
-            split = min(max(b.n_params - start, 0), end - start)  # parameters first, then buffers
-            if self.outer is not None and split:
-                if self.outer.blockwise:
-                    self.outer.apply(index, start, values[:split], anchor[:split])
-                # else the outer step reads the parameters' anchor after the transport
-                anchor[split:].copy_(values[split:])
-                continue
-            anchor.copy_(values)
+            self._step_anchor(b, index, start, end, values, anchor)
+
+    def _step_anchor(self, b: FlatBucket, index: int, start: int, end: int, values: torch.Tensor, anchor: torch.Tensor) -> None:
+        """``values`` holds the block's average x̄: the outer step (if any) on its parameters, and
+        the new anchor. ``index``: the bucket's place among those with parameters."""
+        split = min(max(b.n_params - start, 0), end - start)  # parameters first, then buffers
+        if self.outer is not None and split:
+            if self.outer.blockwise:
+                self.outer.apply(index, start, values[:split], anchor[:split])
+            # else the outer step reads the parameters' anchor after the transport
+            anchor[split:].copy_(values[split:])
+            return
+        anchor.copy_(values)
+
+    def _run_lowbit(self, index: int, taking_part: bool, collective, on_left_out) -> int:
+        """A low-bit round (see the module docstring); returns its payload bytes."""
+        # Each bucket's change since the anchor, in float32 (lowbit's format), kept in the buffer
+        # that lowbit_average returns the average in (Scratch.output says why that is safe).
+        changes = [s.output(b.values.numel(), b.values.device) for s, b in zip(self.scratch, self.buckets)]
+        if taking_part:
+            found = self._found.zero_()
+            one = torch.ones(1, dtype=torch.float32, device=found.device)
+            for b, change in zip(self.buckets, changes):
+                torch.sub(b.values, b.anchor, out=change)
+                # Checked before anything leaves this worker (one pass: the multiplication by 1 is exact).
+                torch._amp_foreach_non_finite_check_and_unscale_([change], found, one)
+            if bool(found):
+                if not self.skip_nonfinite:
+                    raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
+                taking_part = False
+                on_left_out()
+        payload = 0
+        with_params = 0
+        for i, (b, change) in enumerate(zip(self.buckets, changes)):
+            feedback = None if self.feedback is None else self.feedback[i]
+            result = []
+            collective("model averaging", lambda: result.append(lowbit_average(
+                self.comm, change, self.bits, feedback, taking_part=taking_part, scratch=self.scratch[i])))
+            average, _, sent, count = result[0]
+            if count == 0:
+                raise NonFiniteError(f"averaging round {index + 1}: no worker had finite parameters")
+            payload += sent
+            for start in range(0, b.values.numel(), BLOCK_NUMEL):
+                end = min(start + BLOCK_NUMEL, b.values.numel())
+                values, anchor = b.values[start:end], b.anchor[start:end]
+                torch.add(anchor, average[start:end], out=values)  # x̄ = a + mean change
+                self._step_anchor(b, with_params, start, end, values, anchor)
+            with_params += bool(b.n_params)
+        if self.outer is not None and not self.outer.blockwise:
+            self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
+        return payload
 
     @torch.no_grad()
     def buffers_only(self, collective) -> int:

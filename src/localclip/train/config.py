@@ -82,7 +82,11 @@ class TrainConfig:
     """The outer momentum in [0, 1) (DiLoCo's 0.9; ``nesterov`` needs > 0)."""
     compression: str = "none"
     """How a round sends the models: ``none`` (float32), or the change since the last round as
-    ``bf16`` or ``fp16`` (half the bytes)."""
+    ``bf16`` or ``fp16`` (half the bytes), or ``int8`` or ``int4`` codes with a float32 scale per
+    256 elements (about 1/4 and 1/8 of the bytes)."""
+    error_feedback: bool = True
+    """``int8``/``int4``: each worker adds what its last round's encodings left out to its next
+    round's change (false: drop it)."""
     fragments: int = 1
     """Streaming rounds: split the model into this many fragments of about equal bytes, each
     synced once per period on a staggered schedule (1: the whole model every period)."""
@@ -221,6 +225,8 @@ class TrainConfig:
             bad("outer_momentum", "outer_optimizer=nesterov needs outer_momentum > 0")
         if self.compression not in COMPRESSIONS:
             bad("compression", f"expected one of {', '.join(COMPRESSIONS)}")
+        if not isinstance(self.error_feedback, bool):
+            bad("error_feedback", "expected true or false")
         if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) or self.fragments < 1:
             bad("fragments", "must be an integer >= 1")
         if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or self.overlap < 0:

@@ -1,0 +1,242 @@
+"""Low-bit averaging rounds (compression=int8|int4) through the averager: simulation equals gloo
+bit for bit, the bytes against float32's, resume with the error-feedback residuals, partial
+participation, a non-finite worker left out, and the outer step on the decoded average change."""
+
+import pytest
+import torch
+
+import localclip
+
+from localclip.averaging import PeriodicAverager
+from localclip.comm import SimulatedWorld, current
+from localclip.data.sharding import sample_participants
+from localclip.launch import spawn
+from localclip.lowbit import encoded_nbytes
+from localclip.outer import OuterSGD
+
+from workers import lowbit_training
+
+JOIN = 120
+
+
+def _same_bits(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_bits(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_bits(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        if a.is_floating_point():
+            return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        return torch.equal(a, b)
+    return a == b
+
+
+CASES = [
+    dict(compression="int8"),
+    dict(compression="int4", outer=(0.7, 0.9, True)),
+    dict(compression="int4", error_feedback=False, participants=2),
+    dict(compression="int8", nan_at=(1, 3)),
+    dict(compression="int4", fragments=2, outer=(0.7, 0.9, True)),
+]
+
+
+def test_simulated_workers_equal_gloo_processes_bit_for_bit():
+    """Three workers (so that the all-to-all's rank-order sums matter): every case, every rank,
+    states, counters and residuals; all ranks hold the same model after the final round."""
+    sim = SimulatedWorld(3).run(lowbit_training, CASES)
+    real = spawn(lowbit_training, 3, CASES, join_timeout=JOIN, timeout=60)
+    for rank in range(3):
+        for case, s, r in zip(CASES, sim[rank], real[rank]):
+            assert _same_bits(s, r), (rank, case)
+            assert _same_bits(r["state"], real[0][CASES.index(case)]["state"]), (rank, case)
+            if "fragments" not in case:
+                assert r["rounds"] == 4, case
+    nan_case = real[1][3]
+    assert [real[r][3]["nonfinite_rounds"] for r in range(3)] == [0, 1, 0]
+    assert all(torch.isfinite(v).all() for v in nan_case["state"].values() if v.is_floating_point())
+    assert real[0][2]["feedback"] is None and real[0][0]["feedback"] is not None
+
+
+def _linear(seed):
+    with localclip.rng.seeded(seed):  # one thread at a time: simulated workers run concurrently
+        return torch.nn.Linear(300, 250)  # 75 250 float32 parameters
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_bytes_are_the_encoded_payload_and_at_most_027x_and_014x_of_float32(world, capsys):
+    """One round of the same change: int8 and int4 count the all-to-all's send buffer (every
+    chunk, codes + scales + padding, with its 4-byte weight); float32 counts its all-reduce."""
+
+    def worker(compression):
+        model = _linear(current().rank)
+        avg = PeriodicAverager(model, period=1, group=current(), compression=compression)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(current().rank)))
+        avg.step()
+        return avg.bytes_communicated
+
+    n = 300 * 250 + 250
+    got = {c: SimulatedWorld(world).run(worker, c) for c in ("none", "int8", "int4")}
+    assert got["none"] == [n * 4 + 4] * world
+    for compression, bits, limit in (("int8", 8, 0.27), ("int4", 4, 0.14)):
+        chunk = encoded_nbytes(-(-n // world), bits)
+        assert got[compression] == [world * (chunk + 4)] * world
+        ratio = got[compression][0] / got["none"][0]
+        with capsys.disabled():
+            print(f"\n  {world} workers, {compression}: {got[compression][0]} bytes per round, {ratio:.4f}x float32's {got['none'][0]}")
+        assert ratio <= limit
+
+
+@pytest.mark.parametrize("case", [dict(compression="int4", outer=(0.7, 0.9, True)), dict(compression="int8", participants=1),
+                                  dict(compression="int4", fragments=2)])
+def test_a_resume_mid_period_is_bit_exact_with_the_residuals(case):
+    straight = SimulatedWorld(2).run(lowbit_training, [case], steps=9, period=2)
+    resumed = SimulatedWorld(2).run(lowbit_training, [{**case, "split": 5}], steps=9, period=2)
+    for s, r in zip(straight, resumed):
+        assert _same_bits(s, r)
+        assert any(f["residual"].abs().max() > 0 for f in s[0]["feedback"])  # there was something to carry
+
+
+def test_a_checkpoint_with_other_feedback_or_compression_is_refused_and_changes_nothing():
+    def worker():
+        model = _linear(0)
+        with_fb = PeriodicAverager(model, period=2, group=current(), compression="int4")
+        state = with_fb.state_dict()
+        errors = []
+        for other in (dict(compression="int4", error_feedback=False), dict(compression="int8"), dict(compression="bf16")):
+            target = PeriodicAverager(_linear(1), period=2, group=current(), **other)
+            before = target.state_dict()
+            try:
+                target.load_state_dict(state)
+            except ValueError as exc:
+                errors.append(str(exc))
+            assert _same_bits(target.state_dict(), before)
+        return errors
+
+    errors = SimulatedWorld(2).run(worker)[0]
+    assert errors == [
+        "Checkpoint error feedback on differs from this run's off",
+        "Checkpoint compression 'int4' differs from this averager's 'int8'",
+        "Checkpoint compression 'int4' differs from this averager's 'bf16'",
+    ]
+
+
+@pytest.mark.parametrize("compression,bits", [("int8", 8), ("int4", 4)])
+def test_partial_participation_takes_the_sampled_workers_change(compression, bits):
+    """K = 1 of 3: every worker ends the round on the anchor plus the sampled worker's change,
+    within a step of the codec per block (sent and re-encoded: two roundings); the workers left
+    out keep their (zero) residual, the sampled one holds what its codes left out."""
+    world, seed = 3, 7
+    chosen = sample_participants(world, 1, 0, seed)[0]
+
+    def worker():
+        model = _linear(0)
+        avg = PeriodicAverager(model, period=1, group=current(), compression=compression, participants=1, participation_seed=seed)
+        start = [p.detach().clone() for p in model.parameters()]
+        changes = [torch.randn(p.shape, generator=torch.Generator().manual_seed(10 + current().rank)) for p in model.parameters()]
+        with torch.no_grad():
+            for p, c in zip(model.parameters(), changes):
+                p.add_(c)
+        avg.step()
+        residual = avg.state_dict()["error_feedback"][0]["residual"]
+        return [p.detach().clone() for p in model.parameters()], start, changes, residual
+
+    out = SimulatedWorld(world).run(worker)
+    step = 2 * max(c.abs().max() for c in out[chosen][2]) / {8: 127, 4: 7}[bits]
+    for rank, (params, start, changes, residual) in enumerate(out):
+        assert _same_bits(params, out[0][0])
+        for p, s, c in zip(params, start, out[chosen][2]):
+            assert (p - (s + c)).abs().max() <= step
+        assert (residual.abs().max() > 0) == (rank == chosen)
+
+
+def test_the_outer_step_takes_the_decoded_average_change():
+    """DiLoCo over int8 rounds: outer SGD at lr 1 without momentum is exactly the plain low-bit
+    round, and Nesterov's first momentum buffer is exactly anchor − (anchor + decoded average
+    change), the pseudo-gradient of the plain round's result."""
+
+    def worker(outer):
+        model = _linear(0)
+        avg = PeriodicAverager(model, period=1, group=current(), compression="int8", outer_optimizer=outer)
+        anchor = [p.detach().clone() for p in model.parameters()]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(current().rank)))
+        avg.step()
+        return anchor, [p.detach().clone() for p in model.parameters()], outer
+
+    plain = SimulatedWorld(2).run(worker, None)
+    lr1 = SimulatedWorld(2).run(lambda: worker(OuterSGD(1.0)))
+    nesterov = SimulatedWorld(2).run(lambda: worker(OuterSGD(0.7, 0.9, nesterov=True)))
+    assert _same_bits(plain[0][1], lr1[0][1]) and _same_bits(plain[1][1], lr1[1][1])
+    for rank in range(2):
+        anchor, averaged, _ = plain[rank]
+        pseudo = torch.cat([(a - x).reshape(-1) for a, x in zip(anchor, averaged)])
+        assert _same_bits(nesterov[rank][2].buffers[0], pseudo)
+        assert not _same_bits(nesterov[rank][1], averaged)
+
+
+def test_fragments_keep_a_residual_per_fragment_and_overlap_is_refused():
+    """fragments=2: each fragment's round encodes its own slice (its own residuals, together the
+    whole model); over a period the two rounds send the whole model once (plus each round's
+    scales and weights); overlap with int8 is refused naming both."""
+
+    def worker():
+        model = _linear(current().rank)
+        whole = PeriodicAverager(model, period=2, group=current(), compression="int8")
+        parts = PeriodicAverager(_linear(current().rank), period=2, group=current(), compression="int8", fragments=2)
+        for avg in (whole, parts):
+            avg.step(), avg.step()
+        sizes = [f["residual"].numel() for f in parts.state_dict()["error_feedback"]]
+        try:
+            PeriodicAverager(_linear(0), period=2, group=current(), compression="int8", overlap=1)
+        except ValueError as exc:
+            return sizes, (whole.rounds, whole.bytes_communicated), (parts.rounds, parts.bytes_communicated), str(exc)
+
+    sizes, whole, parts, refused = SimulatedWorld(2).run(worker)[0]
+    assert len(sizes) == 2 and sum(sizes) == 300 * 250 + 250
+    assert whole[0] == 1 and parts[0] == 2  # fragment 1's round after step 1, fragment 0's after step 2
+    assert whole[1] <= parts[1] <= whole[1] * 1.01
+    assert "overlap=1" in refused and "compression='int8'" in refused
+
+
+def test_without_error_feedback_no_residual_is_kept_and_the_run_differs():
+    runs = {fb: SimulatedWorld(2).run(lowbit_training, [dict(compression="int4", error_feedback=fb)])[0][0] for fb in (True, False)}
+    assert runs[False]["feedback"] is None and runs[True]["feedback"] is not None
+    assert runs[True]["bytes"] == runs[False]["bytes"] and runs[True]["rounds"] == runs[False]["rounds"]
+    assert not _same_bits(runs[True]["state"], runs[False]["state"])
+
+
+def test_a_killed_int4_run_resumes_bit_identically_through_the_cli(tmp_path):
+    """ptb-small, two workers, int4 rounds with error feedback every 3 steps, checkpoints every
+    4 (mid-period): killed after a checkpoint and resumed, it ends where the straight run ends."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_train import SMOKE, records, train
+
+    args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--compression", "int4", "--set", "checkpoint_interval=4",
+            "--set", "lr_decay_epochs=[0]"]
+    assert train(tmp_path, *args, name="straight")[0] == 0
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "localclip.cli", "train", "ptb-small", *args, "--out", str(out), *SMOKE]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 120
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    assert json.loads(latest.read_text())["step"] % 3  # the checkpoint holds a period in progress
+    assert train(tmp_path, *args, "--resume", name="killed")[0] == 0
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    resumed = json.loads((out / "summary.json").read_text())
+    for key in ("val/ppl", "test/ppl", "val/loss", "comm/rounds", "comm/bytes", "steps"):
+        assert resumed[key] == straight[key], key
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert strip(records(out)) == strip(records(tmp_path / "straight"))
