@@ -28,9 +28,11 @@ from types import SimpleNamespace
 
 from localclip import jsonio
 from localclip.algorithms.build import ALGORITHMS
+from localclip.averaging.compression import LOWBIT
 from localclip.errors import LocalclipError
 from localclip.experiments import mechanism
 from localclip.experiments.plans import SWEEPS, SweepError, plan, report_kind
+from localclip.lowbit import encoded_nbytes
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
@@ -41,8 +43,10 @@ LATENCY = 50e-6  # s per round
 # converge: two links, and the message of the paper's AWD-LSTM (24M float32 parameters, 97 MB a round).
 LINKS = {"1 Gbit/s": 1e9, "10 Gbit/s": 10e9}
 AWD_MESSAGE_BYTES = 97e6
-# What a compressed round sends, as a fraction of float32 (the 97 MB message shrinks with it).
-WIRE_FRACTION = {"none": 1.0, "bf16": 0.5, "fp16": 0.5}
+# What a compressed round sends, as a fraction of float32 (the 97 MB message shrinks with it);
+# low-bit rounds: codes plus one float32 scale per block, for AWD-LSTM's message.
+WIRE_FRACTION = {"none": 1.0, "bf16": 0.5, "fp16": 0.5,
+                 **{name: encoded_nbytes(int(AWD_MESSAGE_BYTES) // 4, bits) / AWD_MESSAGE_BYTES for name, bits in LOWBIT.items()}}
 # converge: the quality levels a user may settle for, as the naive baseline's final val/ppl
 # times these factors (within 20 %, 10 %, 5 % of it, and it).
 QUALITY_LEVELS = (1.2, 1.1, 1.05, 1.0)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from localclip import jsonio
 from localclip.algorithms.build import communication_period
+from localclip.averaging.compression import LOWBIT
 from localclip.errors import Interrupted, LocalclipError
 from localclip.experiments.plans import Plan, SweepError, SweepFailed, plan, select
 from localclip.train import run_training
@@ -401,7 +402,11 @@ def _short(cfg: TrainConfig) -> str:
     if r.outer_optimizer != "none":
         text += f" outer={r.outer_optimizer}(lr={r.outer_lr:g}, μ={r.outer_momentum:g})"
     if r.compression != "none":
-        text += f" compression={r.compression}"
+        text += f" compression={r.compression}" + ("" if r.error_feedback or r.compression not in LOWBIT else " no-error-feedback")
+    if r.fragments != 1:
+        text += f" P={r.fragments}"
+    if r.overlap:
+        text += f" overlap={r.overlap}" + (f" α={r.overlap_alpha:g}" if r.overlap_alpha else "")
     if r.max_steps:
         text += f" max_steps={r.max_steps}"
     return text
