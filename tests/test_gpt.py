@@ -131,25 +131,14 @@ def test_gpt_trains_with_celgc_through_the_cli(tmp_path, inner):
 def test_resume_with_adamw_after_a_kill_is_bit_identical(tmp_path):
     """K steps straight == killed after a checkpoint, then --resume to K (GPT, clipped AdamW,
     Adam moments averaged at rounds)."""
-    import signal
-    import subprocess
-    import sys
-    import time
+    from test_train import kill_after_first_checkpoint
 
     args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--inner-optimizer", "adamw", "--lr", "3e-3",
             "--set", "max_grad_norm=0.5", "--set", "optimizer_state=average", "--set", "checkpoint_interval=4",
             "--set", "model_options.dropout=0.2", *SMOKE_DATA, "--no-progress", *TINY]
     assert main(["train", "ptb-gpt-small", *args, "--out", str(tmp_path / "straight")]) == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "localclip.cli", "train", "ptb-gpt-small", *args, "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    latest = out / "checkpoints" / "latest.json"
-    deadline = time.monotonic() + 120
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    kill_after_first_checkpoint(["ptb-gpt-small", *args], out, poll=0.02)
     assert main(["train", "ptb-gpt-small", *args, "--resume", "--out", str(out)]) == 0
     straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
     resumed = json.loads((out / "summary.json").read_text())

@@ -212,26 +212,14 @@ def test_a_killed_int4_run_resumes_bit_identically_through_the_cli(tmp_path):
     """ptb-small, two workers, int4 rounds with error feedback every 3 steps, checkpoints every
     4 (mid-period): killed after a checkpoint and resumed, it ends where the straight run ends."""
     import json
-    import signal
-    import subprocess
-    import sys
-    import time
 
-    from test_train import SMOKE, records, train
+    from test_train import SMOKE, kill_after_first_checkpoint, records, train
 
     args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--compression", "int4", "--set", "checkpoint_interval=4",
             "--set", "lr_decay_epochs=[0]"]
     assert train(tmp_path, *args, name="straight")[0] == 0
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "localclip.cli", "train", "ptb-small", *args, "--out", str(out), *SMOKE]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    latest = out / "checkpoints" / "latest.json"
-    deadline = time.monotonic() + 120
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    latest = kill_after_first_checkpoint(["ptb-small", *args, *SMOKE], out)
     assert json.loads(latest.read_text())["step"] % 3  # the checkpoint holds a period in progress
     assert train(tmp_path, *args, "--resume", name="killed")[0] == 0
     straight = json.loads((tmp_path / "straight" / "summary.json").read_text())

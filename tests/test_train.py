@@ -81,20 +81,28 @@ def test_torchrun_runtime(tmp_path):
     assert summary["steps"] == 4 and summary["workers"] == 2
 
 
+def kill_after_first_checkpoint(train_args: list[str], out: Path, poll: float = 0.05) -> Path:
+    """Start ``localclip train TRAIN_ARGS --out OUT`` in a process, SIGKILL it once its first
+    checkpoint is written (or after 120 s), and check it had not finished; returns
+    ``latest.json``."""
+    cmd = [sys.executable, "-m", "localclip.cli", "train", *train_args, "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 120
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(poll)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    return latest
+
+
 def test_resume_after_a_kill_is_bit_identical(tmp_path):
     """K steps straight == killed after a checkpoint, then --resume to K."""
     args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--set", "checkpoint_interval=4", "--set", "lr_decay_epochs=[0]"]
     assert train(tmp_path, *args, name="straight")[0] == 0
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "localclip.cli", "train", "ptb-small", *args, "--out", str(out), *SMOKE]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    latest = out / "checkpoints" / "latest.json"
-    deadline = time.monotonic() + 120
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    latest = kill_after_first_checkpoint(["ptb-small", *args, *SMOKE], out)
     assert json.loads(latest.read_text())["step"] < 24
     assert train(tmp_path, *args, "--resume", name="killed")[0] == 0
     straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
