@@ -458,7 +458,8 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     assert runs["celgc-I8"].to_dict() == fair["celgc-I8"].to_dict() and runs["naive"].to_dict() == fair["naive"].to_dict()
     p4 = runs["celgc-I8-P4-tau1"]
     assert (p4.fragments, p4.overlap, p4.overlap_alpha, p4.eval_interval) == (4, 1, 0.0, 0)
-    assert [(runs[n].compression, runs[n].error_feedback) for n in ("celgc-I8-int4", "celgc-I8-int4-noef")] == [("int4", True), ("int4", False)]
-    for name in ("celgc-I8-P4-tau1", "celgc-I8-int4", "celgc-I8-int4-noef"):  # the same run but for its rounds
+    lowbit = ("celgc-I8-int4", "celgc-I8-int4-noef", "celgc-I8-bf16")
+    assert [(runs[n].compression, runs[n].error_feedback) for n in lowbit] == [("int4", True), ("int4", False), ("bf16", True)]
+    for name in ("celgc-I8-P4-tau1", *lowbit):  # the same run but for its rounds
         changed = {k for k, v in runs[name].to_dict().items() if v != runs["celgc-I8"].to_dict()[k]}
         assert changed <= {"fragments", "overlap", "eval_interval", "compression", "error_feedback"}, (name, changed)

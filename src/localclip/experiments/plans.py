@@ -456,13 +456,15 @@ def wt2(epochs: float = 6.0) -> Plan:
 
 @sweep("streaming", report="converge")
 def streaming(epochs: float = 12.0) -> Plan:
-    """Streaming and low-bit rounds at the end of training — ptb-converge, N=8, CELGC I=8 at its tuned γ: P=4 fragments with overlap 1, int4 with and without error feedback.
+    """Streaming and compressed rounds at the end of training — ptb-converge, N=8, CELGC I=8 at its tuned γ: P=4 fragments with overlap 1, int4 with and without error feedback, bf16.
 
     Each run is judged against plain CELGC I = 8 (``celgc-I8``, the configuration of the ``fair``
     sweep's: a copy of that run's folder counts as this one) and naive parallel clipping
     (``naive``, likewise ``fair``'s). Streaming rounds hold the averaged model only at the end of
     an epoch, so ``celgc-I8-P4-tau1`` is validated once per epoch (the others 4 times); every
-    run's final validation is at the end of its schedule. 5 runs of ``epochs`` epochs.
+    run's final validation is at the end of its schedule. ``celgc-I8-bf16`` (bf16 rounds) replaces
+    the ``converge`` sweep's run of that name, which was made at γ = 5 by code that no longer
+    reproduces it. 6 runs of ``epochs`` epochs.
     """
     celgc = dict(algorithm="celgc", period=8, gamma=CELGC_BEST_GAMMA)
     return [
@@ -471,6 +473,7 @@ def streaming(epochs: float = 12.0) -> Plan:
         ("celgc-I8-P4-tau1", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1), eval_interval=0)),
         ("celgc-I8-int4", _converge(epochs, **celgc, compression="int4")),
         ("celgc-I8-int4-noef", _converge(epochs, **celgc, compression="int4", error_feedback=False)),
+        ("celgc-I8-bf16", _converge(epochs, **celgc, compression="bf16")),
     ]
 
 
