@@ -463,3 +463,26 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     for name in ("celgc-I8-P4-tau1", *lowbit):  # the same run but for its rounds
         changed = {k for k, v in runs[name].to_dict().items() if v != runs["celgc-I8"].to_dict()[k]}
         assert changed <= {"fragments", "overlap", "eval_interval", "compression", "error_feedback"}, (name, changed)
+
+
+def test_regime_report_says_how_often_naive_clips_the_mean_gradient(tmp_path):
+    from localclip.experiments.plans import report_kind
+
+    assert report_kind("awd-regime") == "regime"
+    folder = tmp_path / "awd-regime" / "naive"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"algorithm": "naive", "workers": 8, "period": 1, "epochs": 1.0}))
+    # Variable BPTT scales lr and γ together: the clip norm γ/η stays 0.25. The mean gradient
+    # exceeds it in 3 of 4 intervals (norms 0.5, 0.3, 0.2, 1.0); every worker's own always does.
+    lines = [{"step": 10 * i, "epoch": i / 100, "train/loss": 6.0, "lr": lr, "gamma": 0.25 * lr, "clip/fraction": frac,
+              "clip/local_fraction": 1.0, "grad/mean_norm": mean, "grad/local_norm": 1.5}
+             for i, (lr, frac, mean) in enumerate([(30, 1.0, 0.5), (28, 0.9, 0.3), (32, 0.5, 0.2), (30, 1.0, 1.0)], 1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (folder / "summary.json").write_text(json.dumps({"steps": 40, "epochs": 0.04, "comm/rounds": 40, "comm/bytes": 4000}))
+    result = experiments.report("awd-regime", tmp_path, figure=False)
+    row = result["rows"][0]
+    assert row["clip norm γ/η"] == 0.25 and row["clipped by the algorithm"] == pytest.approx(0.85)
+    assert row["own gradient > γ/η"] == 1.0 and row["intervals with the mean gradient > γ/η"] == 0.75
+    assert row["mean gradient / γ/η (median)"] == pytest.approx(1.6) and row["own gradient / γ/η (median)"] == pytest.approx(6.0)
+    assert result["targets"] == {"clipped": {"naive": pytest.approx(0.85)}}
+    assert "Naive clipped 85.0% of its steps." in (tmp_path / "awd-regime" / "summary.md").read_text()

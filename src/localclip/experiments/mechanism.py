@@ -70,6 +70,14 @@ def write_mechanism(finished: dict, folder: Path, title: str) -> dict:
     return {"csv": str(folder / "mechanism.csv"), "figure": _figure(runs, folder / "mechanism.png", title)}
 
 
+def _clip_norms(runs: dict) -> list[float]:
+    """The distinct clip norms γ/η the runs' records log (lr and γ decay together, so a run
+    usually has one), at most three; none when the runs have more (a line each would hide the curves)."""
+    norms = {round(r["gamma"] / r["lr"], 4) for data in runs.values() for r in data["train"]
+             if _finite(r.get("gamma")) and _finite(r.get("lr")) and r["lr"] > 0}
+    return sorted(norms) if len(norms) <= 3 else []
+
+
 def _figure(runs: dict, out: Path, title: str) -> str:
     import matplotlib
     import matplotlib.ticker
@@ -89,10 +97,17 @@ def _figure(runs: dict, out: Path, title: str) -> str:
         # A log axis only where the values span more than a decade: within one it shows no tick.
         if log and drawn and min(drawn) > 0 and max(drawn) > 10 * min(drawn):
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         if key.endswith("fraction") or key == "move/efficiency":
             ax.set_ylim(-0.02, 1.02)
+        if key.startswith("grad/") and drawn:
+            # The threshold the norms are clipped at, so that a reader sees which side they fall on.
+            for clip in _clip_norms(runs):
+                ax.axhline(clip, color="0.4", linestyle=":", linewidth=1.0)
+                ax.annotate(f"clip norm γ/η = {clip:g}", (0.99, clip), xycoords=("axes fraction", "data"), ha="right",
+                            va="bottom", fontsize="x-small", color="0.3")
         ax.set_title(label, fontsize="medium")
         ax.set_xlabel("epochs")
         ax.grid(alpha=0.3, which="both")

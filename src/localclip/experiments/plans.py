@@ -502,7 +502,7 @@ def speedup_converge(epochs: float = 12.0) -> Plan:
 AWD_REGIME_STEPS = 300
 
 
-@sweep("awd-regime")
+@sweep("awd-regime", report="regime")
 def awd_regime(epochs: float = 1.0) -> Plan:
     """The paper's regime measured — ptb-awd (AWD-LSTM, N=8, b=3, clip norm 0.25, variable BPTT), naive, 300 steps: does naive clip every step?
 

@@ -18,6 +18,7 @@ the files a sweep commits.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -168,20 +169,12 @@ def report(
     notes: list[str] = []
     tables: list[tuple[str, list[str]]] = []
     kind = report_kind(name)
-    if kind == "speedup":
-        targets, note = _speedup_columns(rows, finished, loss_target, ppl_target)
-        notes.append(note)
-    elif kind == "isweep":
-        targets, note = _isweep_columns(rows, finished)
-        notes.append(note)
-    elif kind == "converge":
+    if kind == "converge":
         targets, tables, note = _converge_tables(rows, finished)
         notes.append(note)
-    elif kind == "tune-gamma":
-        targets, note = _tune_columns(rows, finished)
-        notes.append(note)
-    elif kind == "speedup-converge":
-        targets, note = _speedup_end_columns(rows, finished)
+    elif kind in _COLUMNS:
+        columns_of = functools.partial(_speedup_columns, loss_target=loss_target, ppl_target=ppl_target) if kind == "speedup" else _COLUMNS[kind]
+        targets, note = columns_of(rows, finished)
         notes.append(note)
 
     result = {
@@ -310,6 +303,32 @@ def _speedup_end_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
     return {"val/ppl": list(SPEEDUP_TARGETS)}, note
 
 
+def _regime_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
+    """regime: how often the algorithm clipped, how often a worker's own gradient and the
+    workers' mean gradient exceed the clip norm γ/η, and both norms as multiples of it (medians
+    over the logged intervals; the mean gradient is sampled once per interval)."""
+    verdicts = {}
+    for row in rows:
+        records = [r for r in finished[row["run"]]["train"] if _good(r.get("gamma")) and _good(r.get("lr")) and r["lr"] > 0]
+        norms = [r["gamma"] / r["lr"] for r in records]
+        row["clip norm γ/η"] = statistics.median(norms) if norms else None
+        for key, column in (("clip/fraction", "clipped by the algorithm"), ("clip/local_fraction", "own gradient > γ/η")):
+            values = [r[key] for r in records if _good(r.get(key))]
+            row[column] = sum(values) / len(values) if values else None
+        for key, column in (("grad/mean_norm", "mean gradient"), ("grad/local_norm", "own gradient")):
+            ratios = [r[key] / clip for r, clip in zip(records, norms) if _good(r.get(key)) and clip > 0]
+            row[f"{column} / γ/η (median)"] = statistics.median(ratios) if ratios else None
+            if key == "grad/mean_norm":
+                row["intervals with the mean gradient > γ/η"] = sum(x > 1 for x in ratios) / len(ratios) if ratios else None
+        if row["algorithm"] == "naive" and row["clipped by the algorithm"] is not None:
+            verdicts[row["run"]] = row["clipped by the algorithm"]
+    said = "; ".join(f"{run} clipped {share:.1%} of its steps" for run, share in verdicts.items())
+    note = ("Naive parallel clipping clips the workers' mean gradient, so its clip fraction says how often that mean "
+            "exceeds γ/η; \"own gradient > γ/η\" is how often one worker's gradient does, which is what CELGC clips. "
+            + (said[0].upper() + said[1:] + "." if said else ""))
+    return {"clipped": verdicts}, note
+
+
 def _isweep_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
     """Time to naive parallel's final val/ppl on the modelled link, twice: with each run's own
     measured compute, and with one compute time per step for all runs (the median over the
@@ -345,6 +364,16 @@ def _isweep_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
         if _good(target) and per_step is not None else "Naive parallel has no finished finite val/ppl yet: no time-to-target."
     )
     return {"val/ppl": target}, note
+
+
+#: The report kinds that add columns to the one table (``converge`` builds tables of its own).
+_COLUMNS = {
+    "speedup": _speedup_columns,
+    "isweep": _isweep_columns,
+    "tune-gamma": _tune_columns,
+    "speedup-converge": _speedup_end_columns,
+    "regime": _regime_columns,
+}
 
 
 def _cell(value) -> str:
