@@ -62,7 +62,9 @@ on random tokens) with CELGC at the recipe's period (ptb-small: I = 8), as
   (s1) blocking rounds (the default: the whole model every period, every worker waiting);
   (s2) ``fragments=4``: a quarter of the model every period/4 steps, blocking;
   (s3) ``fragments=4, overlap=1``: each fragment's all-reduce travels during the next local step;
-  (s4) ``overlap=1`` alone (the whole model, one step of overlap).
+  (s4) ``overlap=1`` alone (the whole model, one step of overlap);
+  (s5) ``fragments=4, overlap=1, compression="int4"``: (s3) with int4 rounds (error feedback on):
+       each fragment's all-to-all travels during the next local step, its all-gather at the landing.
 
 Each variant owns its model; they run interleaved in blocks of whole periods, each block after a
 ``dist.barrier()`` and shifted by the overlap so that no round is in flight at a block's end (a
@@ -208,6 +210,7 @@ STEP_VARIANTS = {
     "(s2) fragments=4, blocking": dict(fragments=4),
     "(s3) fragments=4, overlap=1": dict(fragments=4, overlap=1),
     "(s4) fragments=1, overlap=1": dict(overlap=1),
+    "(s5) fragments=4, overlap=1, int4": dict(fragments=4, overlap=1, compression="int4"),
 }
 
 

@@ -270,13 +270,16 @@ def test_low_bit_rounds_without_error_feedback_run_what_the_library_composition_
             assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:], argv
 
 
-def test_low_bit_rounds_with_overlap_are_refused_naming_both(tmp_path, capsys):
-    out = tmp_path / "run"
-    code = main(["train", "ptb-small", "--workers", "2", "--period", "4", "--compression", "int4", "--overlap", "1", "--out", str(out),
-                 "--no-progress"])
-    err = capsys.readouterr().err
-    assert code == 2 and "Invalid overlap: 1" in err and "compression=int4" in err and err.count("\n") == 1, err
-    assert not out.exists()
+def test_low_bit_rounds_in_flight_run_what_the_library_composition_runs():
+    argvs = [
+        ["--compression", "int4", "--overlap", "1"],
+        ["--compression", "int8", "--overlap", "1", "--fragments", "2", "--no-error-feedback", "--outer-optimizer", "nesterov"],
+    ]
+    configs = [train_config(["ptb-small", "--workers", "2", "--period", "2", *argv]) for argv in argvs]
+    assert [(cfg.compression, cfg.overlap) for cfg in configs] == [("int4", 1), ("int8", 1)]
+    for rank_results in SimulatedWorld(2).run(_both, configs):
+        for argv, (built, hand) in zip(argvs, rank_results):
+            assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:], argv
 
 
 @pytest.mark.parametrize("flags", [["--no-error-feedback"], ["--no-error-feedback", "--compression", "bf16"]])

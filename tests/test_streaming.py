@@ -217,7 +217,8 @@ def _streaming_run(steps, *, save_at=None, resume=None, period=4, **options):
         if t == save_at:
             saved = {"step": t, "model": copy.deepcopy(model.state_dict()), "algorithm": copy.deepcopy(alg.state_dict())}
     alg.average()
-    return {"after": after, "final": _flat(model).clone(), "saved": saved, "rounds": alg.rounds, "bytes": alg.bytes_communicated}
+    return {"after": after, "final": _flat(model).clone(), "saved": saved, "rounds": alg.rounds, "bytes": alg.bytes_communicated,
+            "feedback": alg.averager.state_dict()["error_feedback"]}
 
 
 def _bits(t):
@@ -265,6 +266,34 @@ def test_a_checkpoint_with_a_round_in_flight_resumes_bit_for_bit(options, save_a
         assert [t for t, _ in tail] == [t for t, _, _ in r["after"]]
         assert all(torch.equal(_bits(x), _bits(y)) for (_, x), (_, y, _) in zip(tail, r["after"]))
         assert (s["rounds"], s["bytes"]) == (r["rounds"], r["bytes"])
+
+
+@pytest.mark.parametrize(
+    "options,save_at",
+    [(dict(overlap=1, compression="int4"), 4),  # saved before the round advanced: the checkpoint finishes its transport
+     (dict(fragments=2, overlap=3, outer=(0.7, 0.9, True), compression="int8"), 6),  # one round advanced, one just started
+     (dict(overlap=2, participants=1, overlap_alpha=0.5, compression="int4", error_feedback=False), 5)],
+)
+def test_a_checkpoint_with_a_low_bit_round_in_flight_resumes_bit_for_bit_with_the_residuals(options, save_at):
+    """The checkpoint waits for the low-bit round's transport and saves its decoded average
+    changes and the residuals it updated; the resumed run lands it after the same step. The
+    straight run that took the checkpoint equals one that did not."""
+    plain = SimulatedWorld(3).run(_streaming_run, 14, **copy.deepcopy(options))
+    straight = SimulatedWorld(3).run(_streaming_run, 14, save_at=save_at, **copy.deepcopy(options))
+    saved = [r["saved"] for r in straight]
+    assert saved[0]["algorithm"]["averager"]["in_flight"], "the checkpoint was meant to hold a round in flight"
+    resumed = SimulatedWorld(3).run(_streaming_run, 14, resume=saved, **copy.deepcopy(options))
+    for p, s, r in zip(plain, straight, resumed):
+        assert all(torch.equal(_bits(x), _bits(y)) for (_, x, _), (_, y, _) in zip(p["after"], s["after"]))
+        assert torch.equal(_bits(s["final"]), _bits(r["final"])) and torch.equal(_bits(p["final"]), _bits(s["final"]))
+        tail = [(t, x) for t, x, _ in s["after"] if t > save_at]
+        assert [t for t, _ in tail] == [t for t, _, _ in r["after"]]
+        assert all(torch.equal(_bits(x), _bits(y)) for (_, x), (_, y, _) in zip(tail, r["after"]))
+        assert (s["rounds"], s["bytes"]) == (r["rounds"], r["bytes"])
+        assert (s["feedback"] is None) == (options.get("error_feedback") is False)
+        assert s["feedback"] is None or any(f["residual"].abs().max() > 0 for f in s["feedback"])  # there was something to carry
+        for f, g in zip(s["feedback"] or [], r["feedback"] or []):
+            assert torch.equal(_bits(f["residual"]), _bits(g["residual"])) and torch.equal(_bits(f["shard_residual"]), _bits(g["shard_residual"]))
 
 
 def test_a_resume_with_other_fragments_or_overlap_is_refused():

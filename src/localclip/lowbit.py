@@ -47,6 +47,10 @@ peer, all started (``start_all_to_all``, ``start_all_gather``) before the first 
 over gloo on a shaped 100 Mbit/s link one all-to-all of 12.3 MB each way took 1.9-2.1 s (twice
 the wire time) and 8 such pieces one after the other as long, while 32 pieces in flight
 together took 1.04 s. The pieces carry the same bytes, so the results do not depend on them.
+:func:`start_lowbit_average` issues the same reduction in three phases (:class:`LowbitPending`:
+encode and start the all-to-all; owner sum, re-encode and start the all-gather; decode), so
+that a caller can compute between them; :func:`lowbit_average` runs the three at once. The
+phases do the same arithmetic in the same order, so the bits do not depend on when each runs.
 
 Weights. With ``taking_part`` each chunk also carries its sender's weight (a float32, 1 or 0),
 so that a round can leave workers out (partial participation, non-finite values) without a
@@ -75,7 +79,8 @@ import torch
 
 from localclip.comm.base import Communicator
 
-__all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitRound", "Scratch", "decode", "encode", "encoded_nbytes", "lowbit_average"]
+__all__ = ["BLOCK_NUMEL", "Encoded", "ErrorFeedback", "LowbitPending", "LowbitRound", "Scratch", "decode", "encode", "encoded_nbytes",
+           "lowbit_average", "start_lowbit_average"]
 
 BLOCK_NUMEL = 256
 # Each phase goes out as collectives of at most this many bytes per peer, all started before any
@@ -334,7 +339,14 @@ def _pieces(nbytes: int) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def lowbit_average(
+def lowbit_average(comm: Communicator, delta: torch.Tensor, bits: int, feedback: "ErrorFeedback | None" = None, **options) -> LowbitRound:
+    """Average the 1-D float32 ``delta`` over ``comm``'s workers in ``bits``-bit wire format:
+    :func:`start_lowbit_average` (its arguments and keyword ``options``) waited for at once."""
+    return start_lowbit_average(comm, delta, bits, feedback, **options).wait()
+
+
+@torch.no_grad()
+def start_lowbit_average(
     comm: Communicator,
     delta: torch.Tensor,
     bits: int,
@@ -344,15 +356,17 @@ def lowbit_average(
     generator: torch.Generator | None = None,
     taking_part: bool | None = None,
     scratch: Scratch | None = None,
-) -> LowbitRound:
-    """Average the 1-D float32 ``delta`` over ``comm``'s workers in ``bits``-bit wire format.
+) -> "LowbitPending":
+    """Start averaging the 1-D float32 ``delta`` over ``comm``'s workers in ``bits``-bit wire
+    format: encode ``delta`` plus the residual, update the residual and start the all-to-all;
+    the rest is :meth:`LowbitPending.advance` and :meth:`LowbitPending.wait`.
 
     All workers call it with tensors of the same length, ``bits``, ``block`` and the same kind
     of ``taking_part`` (None on all, or a bool on all). With ``feedback``, its residuals are
     added to this round's input and replaced by what this round's encodings left out; without
     it, that is dropped. ``generator`` makes the rounding stochastic (this worker's draws only).
-    ``delta`` is not modified. With one worker nothing is sent: the average is the input
-    (``delta`` plus the residual, which is then zero).
+    ``delta`` is read only here and not modified. With one worker nothing is sent: the average
+    is the input (``delta`` plus the residual, which is then zero).
 
     ``taking_part``: None, every worker's input counts and the sum is divided by the world
     size. A bool: each chunk carries this worker's weight (1 or 0, a float32 after its scales);
@@ -361,7 +375,8 @@ def lowbit_average(
     each owner divides its sum by the weights' sum, which every worker then knows.
 
     ``scratch``: buffers to reuse between calls (:class:`Scratch`); the returned average then
-    lives in it, until the next call with the same scratch.
+    lives in it, until the next call with the same scratch. ``feedback``, ``generator`` and
+    ``scratch`` belong to the exchange until its :meth:`~LowbitPending.wait` returns.
     """
     _check_flat(delta, "lowbit_average input")
     bits, block = _check_bits(bits), _check_block(block)
@@ -376,7 +391,7 @@ def lowbit_average(
         u = torch.zeros_like(delta) if weighted and not taking_part else delta + sending.residual if sending is not None else delta.clone()
         if sending is not None:
             sending.residual.zero_()
-        return LowbitRound(u, 0, 0, int(taking_part) if weighted else world)
+        return LowbitPending(comm, LowbitRound(u, 0, 0, int(taking_part) if weighted else world))
 
     device = delta.device
     m = -(-n // world)  # chunk length: chunk j is worker j's shard
@@ -402,48 +417,100 @@ def lowbit_average(
         if lost:
             _drop_nonfinite(sending.residual)
     received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
-    pending = [comm.start_all_to_all(list(payload[:, lo:hi].unbind(0)), list(received[:, lo:hi].unbind(0)))
-               for lo, hi in _pieces(payload.shape[1])]
-    for p in pending:
-        p.wait()
+    exchange = LowbitPending(comm)
+    exchange.payload = payload.numel()
+    exchange._to_all = [comm.start_all_to_all(list(payload[:, lo:hi].unbind(0)), list(received[:, lo:hi].unbind(0)))
+                        for lo, hi in _pieces(payload.shape[1])]
+    exchange._shape = (n, m, bits, block, cb, wire, weighted)
+    exchange._feedback, exchange._generator, exchange._scratch = feedback, generator, scratch
+    exchange._received, exchange._decoded = received, _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)
+    return exchange
 
-    # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
-    decode_out = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)
-    parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, decode_out)
-    sp = _padded(1, m, block, device, scratch, "shard")
-    shard = sp[0, :m]
-    torch.add(parts[0], parts[1], out=shard)
-    for i in range(2, world):
-        shard.add_(parts[i])
-    if weighted:
-        weights = received[:, wire:].contiguous().view(torch.float32)[:, 0]
-        total = weights[0].clone()
-        for i in range(1, world):
-            total.add_(weights[i])
-        shard.div_(total)
-        count = int(total.item())
-    else:
-        shard.div_(world)
-        count = world
-    if feedback is not None:
-        if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
-            feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
-        shard.add_(feedback.shard_residual)
-        feedback.shard_residual.copy_(shard)
-    mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
-    _, shard_scales, lost = _encode_rows(sp, m, bits, block, generator, mine[:, :cb], scratch)
-    mine[:, cb:].copy_(shard_scales.view(torch.uint8))
-    if feedback is not None:
-        feedback.shard_residual.sub_(shard)
-        if lost:
-            _drop_nonfinite(feedback.shard_residual)
-    gathered = _buffer(scratch, "gathered", (world, wire), torch.uint8, device)
-    pending = [comm.start_all_gather(mine[0, lo:hi], list(gathered[:, lo:hi].unbind(0))) for lo, hi in _pieces(wire)]
-    for p in pending:
-        p.wait()
 
-    decoded = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, decode_out)
-    out = torch.empty(n, dtype=torch.float32, device=device) if scratch is None else scratch.output(n, device)
-    average = _flat_from_rows(decoded, m, out)
-    return LowbitRound(average, (world - 1) * (payload.shape[1] + wire), payload.numel(), count)
+class LowbitPending:
+    """A started :func:`lowbit_average`, in three phases, each started by the one before:
 
+    1. :func:`start_lowbit_average`: encode, update the sender's residual, start the all-to-all;
+    2. :meth:`advance`: wait for the all-to-all, decode this worker's shard from every worker and
+       add it in float32 in rank order, re-encode it (shard residual), start the all-gather;
+    3. :meth:`wait`: wait for the all-gather and decode the average.
+
+    Between the phases the worker computes on while the transport travels. The phases do the
+    same arithmetic in the same order as the blocking call, so the result has the same bits
+    whenever each is called. Every worker must call :meth:`advance` of its exchanges in the same
+    order (it issues a collective); :meth:`wait` advances first if that was not done.
+
+    Attributes:
+        payload: the bytes of the all-to-all's send buffer (:attr:`LowbitRound.payload`), known
+            from the start.
+    """
+
+    def __init__(self, comm: Communicator, result: LowbitRound | None = None):
+        self.comm, self._result = comm, result
+        self.payload = 0 if result is None else result.payload
+        self._to_all: list | None = None  # phase 1's collectives, until advance
+        self._gather: list | None = None  # phase 2's collectives, until wait
+
+    @property
+    def advanced(self) -> bool:
+        """Whether the all-gather was started (or the result is in)."""
+        return self._to_all is None
+
+    @torch.no_grad()
+    def advance(self) -> None:
+        """Phase 2 (see the class docstring); a no-op once done."""
+        if self._to_all is None:
+            return
+        n, m, bits, block, cb, wire, weighted = self._shape
+        feedback, scratch, received = self._feedback, self._scratch, self._received
+        world, device = self.comm.world_size, received.device
+        for p in self._to_all:
+            p.wait()
+        self._to_all = None
+        # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
+        parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, self._decoded)
+        sp = _padded(1, m, block, device, scratch, "shard")
+        shard = sp[0, :m]
+        torch.add(parts[0], parts[1], out=shard)
+        for i in range(2, world):
+            shard.add_(parts[i])
+        if weighted:
+            weights = received[:, wire:].contiguous().view(torch.float32)[:, 0]
+            total = weights[0].clone()
+            for i in range(1, world):
+                total.add_(weights[i])
+            shard.div_(total)
+            self._count = int(total.item())
+        else:
+            shard.div_(world)
+            self._count = world
+        if feedback is not None:
+            if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
+                feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
+            shard.add_(feedback.shard_residual)
+            feedback.shard_residual.copy_(shard)
+        mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
+        _, shard_scales, lost = _encode_rows(sp, m, bits, block, self._generator, mine[:, :cb], scratch)
+        mine[:, cb:].copy_(shard_scales.view(torch.uint8))
+        if feedback is not None:
+            feedback.shard_residual.sub_(shard)
+            if lost:
+                _drop_nonfinite(feedback.shard_residual)
+        self._gathered = _buffer(scratch, "gathered", (world, wire), torch.uint8, device)
+        self._gather = [self.comm.start_all_gather(mine[0, lo:hi], list(self._gathered[:, lo:hi].unbind(0))) for lo, hi in _pieces(wire)]
+
+    @torch.no_grad()
+    def wait(self) -> LowbitRound:
+        """Phase 3 (advancing first if needed): the round's result; the same result once done."""
+        self.advance()
+        if self._result is None:
+            n, m, bits, block, cb, wire, _ = self._shape
+            for p in self._gather:
+                p.wait()
+            gathered, scratch, world = self._gathered, self._scratch, self.comm.world_size
+            decoded = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, self._decoded)
+            out = torch.empty(n, dtype=torch.float32, device=gathered.device) if scratch is None else scratch.output(n, gathered.device)
+            self._result = LowbitRound(_flat_from_rows(decoded, m, out), (world - 1) * (self._received.shape[1] + wire), self.payload,
+                                       self._count)
+            self._gather = None
+        return self._result

@@ -9,7 +9,8 @@ A run is three independent choices, each implemented (and its allowed values kep
   none (``single``);
 * what a round does with the average: ``outer_optimizer`` (:data:`localclip.outer.OUTER_OPTIMIZERS`,
   built by :func:`outer_optimizer`), ``compression`` (:data:`localclip.averaging.COMPRESSIONS`, applied by the averager;
-  ``error_feedback`` with int8/int4), ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``).
+  ``error_feedback`` with int8/int4), ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``;
+  every compression, int8/int4 included, takes both).
 
 :func:`build_algorithm` composes them through the algorithms' public constructor
 (:meth:`~localclip.algorithms.DistributedAlgorithm.from_optimizer`), so that a config and the
@@ -159,9 +160,6 @@ def _check_streaming(config, bad) -> None:
         for name, off in (("fragments", 1), ("overlap", 0)):
             if getattr(config, name) != off:
                 bad(name, "algorithm=episode's correction needs every worker at the same whole model when a round starts")
-    if config.overlap and config.compression in LOWBIT:
-        bad("overlap", f"compression={config.compression} rounds (an all-to-all, then an all-gather) are not run in the background; "
-                       "use overlap=0 (fragments work)")
     if config.overlap_alpha and not config.overlap:
         bad("overlap_alpha", "merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
     if config.fragments == 1 and not config.overlap:

@@ -81,8 +81,8 @@ class PeriodicAverager:
             P <= period). Each fragment keeps its own anchor and outer momentum.
             ``1``: the whole model every period.
         overlap: tau: start each round without waiting and apply it tau local steps later
-            (1 <= tau < period; see :mod:`.overlap` for what the steps in between contribute and
-            for checkpoints); ``0`` (the default): rounds block.
+            (1 <= tau < period; see :mod:`.overlap` for what the steps in between contribute, what
+            of a low-bit round overlaps them, and checkpoints); ``0`` (the default): rounds block.
         overlap_alpha: the merge of a round in flight, ``alpha·local + (1 − alpha)·average``;
             ``0.0`` (the default) replaces the fragment by the average.
 
@@ -137,9 +137,6 @@ class PeriodicAverager:
         if chunk_bytes not in (None, "auto") and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
             raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1, None or 'auto')")
         _compression.check(compression)
-        if overlap and compression in _compression.LOWBIT:
-            raise ValueError(f"Invalid overlap={overlap} with compression={compression!r}: a low-bit round (an all-to-all, then an "
-                             "all-gather) is not run in the background; use overlap=0 (fragments work)")
         if not isinstance(error_feedback, bool):
             raise ValueError(f"Invalid error_feedback: {error_feedback!r} (expected True or False)")
         if not error_feedback and compression not in _compression.LOWBIT:
@@ -206,8 +203,14 @@ class PeriodicAverager:
         if overlap:
             # What a round in flight sends from: a snapshot of its fragment (the live values move on).
             self._snapshots = [torch.empty_like(b.values) for b in self._buckets]
-            self._flying = [Round(self.comm, f.slices(self._buckets, self._snapshots), chunk_bytes=None, outer=o, **options)
+            # A fragment's low-bit rounds, in flight or blocking (average()), share one residual
+            # (what its codes left out goes into its next round, whichever kind) and one set of
+            # round buffers: they never overlap, as a fragment's rounds are landed before the next.
+            flying_options = {**options, "error_feedback": False}  # not allocated twice: shared below
+            self._flying = [Round(self.comm, f.slices(self._buckets, self._snapshots), chunk_bytes=None, outer=o, **flying_options)
                             for f, o in zip(self._split, outers)]
+            for flying, blocking in zip(self._flying, self._blocking):
+                flying.feedback, flying.scratch = blocking.feedback, blocking.scratch
 
     # -- the schedule --------------------------------------------------------------------------
 
@@ -237,8 +240,11 @@ class PeriodicAverager:
             return False
         self.schedule.count()
         t = self.schedule.step_count
-        for flight in [f for f in self._in_flight if f.started + self.overlap == t]:
-            self._land(flight)
+        for flight in list(self._in_flight):
+            if flight.started + self.overlap == t:
+                self._land(flight)
+            elif flight.started + _overlap.midway(self.overlap) == t:
+                flight.advance(self._collective)
         due = self.schedule.due(t)
         for p in due:
             self._start(p) if self.overlap else self._run(p)

@@ -18,9 +18,26 @@ other fragments' steps, the gradients of those tau steps, and the inner optimize
 every worker holds the same bits for it afterwards. With :math:`\alpha > 0` each worker keeps that
 share of its own recent progress and the workers differ until the fragment's next round.
 
-Checkpoints: a checkpoint taken with a round in flight waits for its transport (the sum is then
-in the send buffer) and saves the received sum, unapplied, with its weight; a resumed run lands it
-after the same step t + tau, so it continues bit for bit as the uninterrupted run would.
+Low-bit rounds (``compression="int8"|"int4"``) are no all-reduce but two collectives, the
+second fed by the first (:func:`localclip.lowbit.start_lowbit_average`): at the start each
+worker encodes the snapshot's change since the anchor (its residual updated) and starts the
+all-to-all; the round *advances* after step t + ceil(tau/2), where each worker waits for the
+all-to-all, sums, re-encodes its shard (its shard residual updated) and starts the all-gather;
+at the landing it waits for the all-gather and decodes. So the all-to-all travels during the
+first ceil(tau/2) steps and the all-gather during the other floor(tau/2), each phase having
+about the same bytes; with tau = 1 only the all-to-all overlaps the step, and the owner's work
+and the all-gather happen at the landing. The owner's decode, sum and re-encode never overlap
+compute: it runs between two steps. The phases advance at fixed steps, the same on every
+worker, from the training thread: every worker issues the collectives in the same order, as a
+process group needs, and no background thread touches it. The result has the bits of a
+blocking low-bit round of the same snapshot (the same arithmetic in the same order), outer
+step and merge as above.
+
+Checkpoints: a checkpoint taken with a round in flight waits for its transport (a float round's
+sum is then in the send buffer; a low-bit round is advanced and waited for, its residuals then
+updated) and saves what arrived, unapplied, with its weight: the received sum, or the decoded
+average changes; a resumed run lands it after the same step t + tau, so it continues bit for
+bit as the uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -31,8 +48,9 @@ import torch
 
 from localclip.averaging.round import Round
 from localclip.comm import Pending
+from localclip.lowbit import LowbitPending, LowbitRound
 
-__all__ = ["InFlight", "check", "land", "restore", "start"]
+__all__ = ["InFlight", "check", "land", "midway", "restore", "start"]
 
 
 def check(overlap, period: int, alpha) -> None:
@@ -47,29 +65,54 @@ def check(overlap, period: int, alpha) -> None:
         raise ValueError(f"Invalid overlap_alpha={alpha!r} with overlap=0: it merges a round in flight (overlap >= 1)")
 
 
+def midway(overlap: int) -> int:
+    """The step after its start (ceil(tau/2)) at which a low-bit round advances to its all-gather;
+    with tau = 1 that is the landing, where it advances and lands at once."""
+    return (overlap + 1) // 2
+
+
 @dataclass
 class InFlight:
     """A started round: fragment ``fragment``'s round ``index`` (0-based), started after step
-    ``started``; ``expected`` workers take part; ``total`` is the weight sum once it arrived."""
+    ``started``; ``expected`` workers take part; ``total`` is the weight sum once it arrived.
+    A float round's transport is ``pending`` (its sum arrives in the round's send buffers); a
+    low-bit round's is ``exchanges``, one per bucket, whose results arrive in ``results``."""
 
     fragment: int
     index: int
     started: int
     expected: int
-    pending: Pending
+    pending: Pending | None = None
+    exchanges: list[LowbitPending] | None = None
     total: float | None = None
+    results: list[LowbitRound] | None = None
+
+    def advance(self, collective) -> None:
+        """A low-bit round's second phase: the owners' sums, re-encoded, start their all-gather
+        (a no-op for a float round, or once done)."""
+        if self.exchanges is not None and self.total is None:
+            collective("model averaging (in flight)", lambda: [e.advance() for e in self.exchanges])
 
     def arrive(self, rnd: Round, collective) -> None:
-        """Wait for the transport (a no-op once arrived); the sum is then in ``rnd``'s send buffers."""
-        if self.total is None:
+        """Wait for the transport (a no-op once arrived); a float round's sum is then in ``rnd``'s
+        send buffers, a low-bit round's decoded average changes in :attr:`results`."""
+        if self.total is not None:
+            return
+        if self.exchanges is None:
             collective("model averaging (in flight)", self.pending.wait)
             self.total = float(rnd._weight)
+            return
+        results = []
+        collective("model averaging (in flight)", lambda: results.extend(e.wait() for e in self.exchanges))
+        self.results, self.total = results, float(results[0].taking_part)
 
     def state_dict(self, rnd: Round, collective) -> dict:
-        """The round for a checkpoint: waits for the transport, then the received sum and weight."""
+        """The round for a checkpoint: waits for the transport, then the received sum (float) or
+        the decoded average changes (low-bit; the residuals are already updated) and the weight."""
         self.arrive(rnd, collective)
+        received = [b.sent.clone() for b in rnd.buckets] if self.results is None else [r.average.clone() for r in self.results]
         return {"fragment": self.fragment, "index": self.index, "started": self.started, "expected": self.expected,
-                "total": self.total, "received": [b.sent.clone() for b in rnd.buckets]}
+                "total": self.total, "received": received}
 
 
 @torch.no_grad()
@@ -78,6 +121,9 @@ def start(rnd: Round, live: list, fragment: int, index: int, step: int, collecti
     flight and its payload bytes."""
     for sent, here in zip(rnd.buckets, live):
         sent.values.copy_(here.values)
+    if rnd.bits is not None:
+        exchanges = rnd.start_lowbit(index, collective, on_left_out)
+        return InFlight(fragment, index, step, rnd.expected(), exchanges=exchanges), sum(e.payload for e in exchanges)
     expected = rnd.begin(index, on_left_out)
     tensors = [rnd._weight] + [b.sent for b in rnd.buckets]
     started = []
@@ -90,7 +136,10 @@ def land(flight: InFlight, rnd: Round, live: list, alpha: float, collective) -> 
     """Wait for the round, make the average (outer step, new anchor) and merge it into the live
     fragment: replaced when ``alpha`` is 0, else ``alpha·local + (1 − alpha)·average``."""
     flight.arrive(rnd, collective)
-    rnd.finish(flight.index, flight.total, flight.expected)
+    if flight.results is None:
+        rnd.finish(flight.index, flight.total, flight.expected)
+    else:
+        rnd.finish_lowbit(flight.index, flight.results)
     for averaged, here in zip(rnd.buckets, live):
         if alpha == 0.0:
             here.values.copy_(averaged.values)
@@ -99,9 +148,15 @@ def land(flight: InFlight, rnd: Round, live: list, alpha: float, collective) -> 
 
 
 def restore(state: dict, rnd: Round, comm) -> InFlight:
-    """A round saved by :meth:`InFlight.state_dict`, arrived, its sum back in ``rnd``'s send buffers."""
+    """A round saved by :meth:`InFlight.state_dict`, arrived: a float round's sum back in ``rnd``'s
+    send buffers, a low-bit round's average changes as its results."""
+    flight = InFlight(state["fragment"], state["index"], state["started"], state["expected"], total=state["total"])
+    if rnd.bits is not None:
+        flight.results = [LowbitRound(r.to(b.values.device, torch.float32).clone(), 0, 0, int(state["total"]))
+                          for b, r in zip(rnd.buckets, state["received"])]
+        return flight
     for b, received in zip(rnd.buckets, state["received"]):
         b.sent.copy_(received)
     rnd._weight.fill_(state["total"])
-    return InFlight(state["fragment"], state["index"], state["started"], state["expected"], Pending(comm, "restored round"),
-                    total=state["total"])
+    flight.pending = Pending(comm, "restored round")
+    return flight

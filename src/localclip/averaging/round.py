@@ -19,6 +19,10 @@ owners divide by the weights' sum; every worker still owns its shard of the redu
 bytes do not depend on who takes part. The decoded average change is added to the anchor, and
 the outer step (if any) takes ``anchor − that`` as its pseudo-gradient, as in a 2-byte round.
 
+A round in flight (:mod:`.overlap`) runs the same two halves apart: :meth:`Round.begin` and
+:meth:`Round.finish` around a non-blocking all-reduce, or :meth:`Round.start_lowbit` and
+:meth:`Round.finish_lowbit` around the low-bit exchanges, with the same bits as :meth:`Round.run`.
+
 Chunking: the all-reduce can be split into chunks so that the work on the first chunks overlaps
 the transport of the rest. That pays only where there is work after the transport, a round
 with an outer step; the averager's ``chunk_bytes="auto"`` chooses it then (measurements in
@@ -34,7 +38,7 @@ from localclip.averaging.buffers import BLOCK_NUMEL, FlatBucket
 from localclip.averaging.compression import LOWBIT
 from localclip.data.sharding import sample_participants
 from localclip.errors import NonFiniteError
-from localclip.lowbit import ErrorFeedback, Scratch, lowbit_average
+from localclip.lowbit import ErrorFeedback, LowbitPending, LowbitRound, Scratch, start_lowbit_average
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "OUTER_CHUNK_BYTES", "Round"]
 
@@ -93,10 +97,8 @@ class Round:
     def begin(self, index: int, on_left_out) -> int:
         """Round ``index``'s first half: decide who takes part, fill what this worker sends and its
         weight (1 or 0); returns K, the workers expected to take part."""
-        expected = self.comm.world_size
+        expected = self.expected()
         taking_part = self._taking_part(index)
-        if self.participants is not None and self.participants < self.comm.world_size:
-            expected = self.participants
         if taking_part and not self._prepare(expected):
             if not self.skip_nonfinite:
                 raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
@@ -119,6 +121,12 @@ class Round:
             self._finish_piece(b, 0, b.values.numel(), total, expected)
         if self.outer is not None and not self.outer.blockwise:
             self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
+
+    def expected(self) -> int:
+        """K, the workers expected to take part in a round (partial participation: the sampled)."""
+        if self.participants is not None and self.participants < self.comm.world_size:
+            return self.participants
+        return self.comm.world_size
 
     def _taking_part(self, index: int) -> bool:
         """Whether this worker is sampled for round ``index`` (partial participation)."""
@@ -179,8 +187,46 @@ class Round:
 
     def _run_lowbit(self, index: int, taking_part: bool, collective, on_left_out) -> int:
         """A low-bit round (see the module docstring); returns its payload bytes."""
-        # Each bucket's change since the anchor, in float32 (lowbit's format), kept in the buffer
-        # that lowbit_average returns the average in (Scratch.output says why that is safe).
+        changes, taking_part = self._lowbit_changes(index, taking_part, on_left_out)
+        results = []
+        for i, change in enumerate(changes):
+            collective("model averaging", lambda: results.append(self._start_lowbit(i, change, taking_part).wait()))
+        self.finish_lowbit(index, results)
+        return sum(r.payload for r in results)
+
+    @torch.no_grad()
+    def start_lowbit(self, index: int, collective, on_left_out) -> list[LowbitPending]:
+        """Round ``index``'s low-bit exchanges, started (one per bucket: the change since the
+        anchor encoded, the residuals updated, the all-to-alls on their way); :meth:`finish_lowbit`
+        takes their results."""
+        changes, taking_part = self._lowbit_changes(index, self._taking_part(index), on_left_out)
+        exchanges = []
+        collective("model averaging (start)",
+                   lambda: exchanges.extend(self._start_lowbit(i, change, taking_part) for i, change in enumerate(changes)))
+        return exchanges
+
+    @torch.no_grad()
+    def finish_lowbit(self, index: int, results: list[LowbitRound]) -> None:
+        """Round ``index``'s low-bit results (one per bucket) become the average, anchor plus
+        the decoded average change, outer-stepped, and the new anchor."""
+        with_params = 0
+        for b, result in zip(self.buckets, results):
+            if result.taking_part == 0:
+                raise NonFiniteError(f"averaging round {index + 1}: no worker had finite parameters")
+            for start in range(0, b.values.numel(), BLOCK_NUMEL):
+                end = min(start + BLOCK_NUMEL, b.values.numel())
+                values, anchor = b.values[start:end], b.anchor[start:end]
+                torch.add(anchor, result.average[start:end], out=values)  # x̄ = a + mean change
+                self._step_anchor(b, with_params, start, end, values, anchor)
+            with_params += bool(b.n_params)
+        if self.outer is not None and not self.outer.blockwise:
+            self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
+
+    def _lowbit_changes(self, index: int, taking_part: bool, on_left_out) -> tuple[list[torch.Tensor], bool]:
+        """Each bucket's change since the anchor, and whether this worker takes part (False once
+        it is left out for a non-finite change)."""
+        # In float32 (lowbit's format), kept in the buffer that lowbit_average returns the average
+        # in (Scratch.output says why that is safe).
         changes = [s.output(b.values.numel(), b.values.device) for s, b in zip(self.scratch, self.buckets)]
         if taking_part:
             found = self._found.zero_()
@@ -194,26 +240,11 @@ class Round:
                     raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
                 taking_part = False
                 on_left_out()
-        payload = 0
-        with_params = 0
-        for i, (b, change) in enumerate(zip(self.buckets, changes)):
-            feedback = None if self.feedback is None else self.feedback[i]
-            result = []
-            collective("model averaging", lambda: result.append(lowbit_average(
-                self.comm, change, self.bits, feedback, taking_part=taking_part, scratch=self.scratch[i])))
-            average, _, sent, count = result[0]
-            if count == 0:
-                raise NonFiniteError(f"averaging round {index + 1}: no worker had finite parameters")
-            payload += sent
-            for start in range(0, b.values.numel(), BLOCK_NUMEL):
-                end = min(start + BLOCK_NUMEL, b.values.numel())
-                values, anchor = b.values[start:end], b.anchor[start:end]
-                torch.add(anchor, average[start:end], out=values)  # x̄ = a + mean change
-                self._step_anchor(b, with_params, start, end, values, anchor)
-            with_params += bool(b.n_params)
-        if self.outer is not None and not self.outer.blockwise:
-            self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
-        return payload
+        return changes, taking_part
+
+    def _start_lowbit(self, i: int, change: torch.Tensor, taking_part: bool) -> LowbitPending:
+        feedback = None if self.feedback is None else self.feedback[i]
+        return start_lowbit_average(self.comm, change, self.bits, feedback, taking_part=taking_part, scratch=self.scratch[i])
 
     @torch.no_grad()
     def buffers_only(self, collective) -> int:
