@@ -12,9 +12,9 @@ The LightningModule is a usual one whose ``configure_optimizers`` returns a Clip
 CELGC: each process takes clipped steps on its own batches (Lightning's distributed sampler) and
 the models are averaged every ``--period`` steps, and before every validation and checkpoint. At
 the end the script checks that every process holds the same model, that every validation and
-the checkpoint saw that same averaged model, and that the loss fell (exit status 1 otherwise);
-``--report PATH`` writes this process's numbers to ``PATH.rankR`` (and the checkpoint to
-``PATH.ckpt``).
+every checkpoint saw the same model on every process, and that the loss fell (exit status 1
+otherwise); ``--report PATH`` writes this process's numbers to ``PATH.rankR`` (and the
+checkpoints to ``PATH.ckpt`` and ``PATH.ckpts/``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--period", type=int, default=4, help="average the models every this many steps")
     parser.add_argument("--val-every", type=int, default=8, help="validate every this many steps")
+    parser.add_argument("--ckpt-every", type=int, default=0, help="ModelCheckpoint every this many steps (0: none)")
     parser.add_argument("--devices", type=int, default=2, help="processes Lightning starts without torchrun")
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--report")
@@ -62,7 +63,7 @@ def main() -> int:
         def __init__(self):
             super().__init__()
             self.net = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 4))
-            self.losses, self.validated = [], []
+            self.losses, self.validated, self.saved = [], [], []
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -72,6 +73,9 @@ def main() -> int:
 
         def on_validation_epoch_start(self):
             self.validated.append(float(flat(self).double().sum()))  # the model this validation scores
+
+        def on_save_checkpoint(self, checkpoint):
+            self.saved.append(float(sum(v.double().sum() for v in checkpoint["state_dict"].values())))  # what it holds
 
         def validation_step(self, batch, batch_idx):
             x, y = batch
@@ -87,10 +91,13 @@ def main() -> int:
     num_nodes = int(os.environ["WORLD_SIZE"]) // devices if torchrun else 1
     torch.manual_seed(int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0))))  # different inits: CELGC starts from rank 0's
     module = Classifier()
+    out = f"{args.report}.ckpt" if args.report else os.path.join(tempfile.gettempdir(), "lightning_celgc.ckpt")
+    checkpoints = [L.pytorch.callbacks.ModelCheckpoint(dirpath=f"{out}s", every_n_train_steps=args.ckpt_every, save_top_k=-1)
+                   ] if args.ckpt_every else []
     trainer = L.Trainer(
         strategy=LocalclipStrategy(period=args.period), accelerator=args.accelerator, devices=devices, num_nodes=num_nodes,
         max_steps=args.steps, val_check_interval=args.val_every, check_val_every_n_epoch=None, num_sanity_val_steps=0,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        callbacks=checkpoints, enable_checkpointing=bool(checkpoints), logger=False, enable_progress_bar=False,
         enable_model_summary=False,
     )
     train = DataLoader(data(4096, 1), batch_size=32, shuffle=True)
@@ -98,9 +105,8 @@ def main() -> int:
     trainer.fit(module, train, val)
 
     strategy = trainer.strategy
-    ckpt = f"{args.report}.ckpt" if args.report else os.path.join(tempfile.gettempdir(), "lightning_celgc.ckpt")
-    trainer.save_checkpoint(ckpt)  # on every rank; rank 0 writes, then all wait
-    saved = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    trainer.save_checkpoint(out)  # on every rank; rank 0 writes, then all wait
+    saved = torch.load(out, map_location="cpu", weights_only=False)["state_dict"]
     own = module.state_dict()
     checkpoint_identical = all(torch.equal(saved[k].cpu(), v.cpu()) for k, v in own.items())
 
@@ -109,11 +115,14 @@ def main() -> int:
     identical = bool((everyone == everyone[0]).all())
     validations = strategy.all_gather(torch.tensor(module.validated, dtype=torch.float64))
     validated_identical = bool((validations == validations[0]).all())
+    # Every checkpoint, ModelCheckpoint's and the last, held the same weights on every rank.
+    taken = strategy.all_gather(torch.tensor(module.saved, dtype=torch.float64))
+    checkpoint_identical = checkpoint_identical and bool((taken == taken[0]).all())
     losses = module.losses
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     rank = strategy.global_rank
     result = {"rank": rank, "identical": identical, "first_loss": first, "last_loss": last, "steps": trainer.global_step,
-              "rounds": strategy.algorithm.rounds, "checksum": float(mine.double().sum()), "validations": len(module.validated),
+              "rounds": strategy.algorithm.rounds, "checksum": float(mine.double().sum()), "validations": len(module.validated), "checkpoints": len(module.saved),
               "validated_identical": validated_identical, "checkpoint_identical": checkpoint_identical,
               "model_class": type(strategy.model).__name__}
     if args.report:

@@ -50,6 +50,47 @@ def test_accelerate_integration(tmp_path):
     assert steps == 2048 // 32 // 2 and results[0]["rounds"] == steps // 4
 
 
+LIGHTNING = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                               reason="PyTorch Lightning not installed (pip install 'localclip[lightning]')")
+
+
+@LIGHTNING
+def test_lightning_integration(tmp_path):
+    results, _ = torchrun("lightning_celgc.py", tmp_path, "--steps", "24", "--period", "4", "--val-every", "8")
+    for r in results:
+        # No DDP wrapper; every validation and the final checkpoint saw the same model on both ranks.
+        assert r["model_class"] == "Classifier" and r["validated_identical"] and r["checkpoint_identical"], r
+    # Validations every 8 steps find the models just averaged: no round beyond the schedule's.
+    assert results[0]["steps"] == 24 and results[0]["validations"] == 3 and results[0]["rounds"] == 24 // 4
+
+
+@LIGHTNING
+def test_lightning_averages_before_a_validation_or_checkpoint_inside_a_period(tmp_path):
+    results, _ = torchrun("lightning_celgc.py", tmp_path, "--steps", "24", "--period", "4", "--val-every", "6",
+                          "--ckpt-every", "6")
+    for r in results:
+        assert r["validated_identical"] and r["checkpoint_identical"], r
+    # Validations and ModelCheckpoint at steps 6, 12, 18, 24: those at 6 and 18 fall inside a
+    # period and average first (one round each); 4 checkpoints, and the one after fit.
+    assert results[0]["validations"] == 4 and results[0]["checkpoints"] == 5 and results[0]["rounds"] == 24 // 4 + 2
+
+
+@LIGHTNING
+def test_lightning_launcher_command_of_the_docstring_starts_two_processes(tmp_path):
+    doc = (EXAMPLES / "lightning_celgc.py").read_text()
+    line = next(line.strip() for line in doc.splitlines() if line.strip().startswith("python examples/lightning_celgc.py"))
+    argv = line.split("#")[0].split()
+    report = tmp_path / "report"
+    # Without torchrun's variables, Lightning starts the other process and picks a free port itself.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    cmd = [sys.executable, str(EXAMPLES / "lightning_celgc.py"), *argv[2:], "--report", str(report)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**env, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = [json.loads(Path(f"{report}.rank{r}").read_text()) for r in range(2)]
+    assert all(r["identical"] and r["last_loss"] < 0.9 * r["first_loss"] for r in results), results
+    assert results[0]["checksum"] == results[1]["checksum"] and results[0]["rounds"] == results[0]["steps"] // 4
+
+
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 
 
