@@ -1,5 +1,6 @@
 """localclip.integrations.lightning refuses, in one line naming the value, what would change the
-algorithm or what it cannot average. (The two-process run is tests/test_examples.py's.)"""
+algorithm or what it cannot average, and passes the algorithm's options through. (The
+two-process runs are tests/test_examples.py's.)"""
 
 import importlib.util
 import json
@@ -24,6 +25,7 @@ REFUSALS = textwrap.dedent('''
     from lightning.pytorch.plugins import MixedPrecision
     from localclip.integrations.lightning import LocalclipStrategy
     from localclip.optim import ClippedSGD
+    from localclip.outer import OuterSGD
 
     class Tiny(L.LightningModule):
         def __init__(self, optimizers=1, subset=False, bn=False):
@@ -48,16 +50,17 @@ REFUSALS = textwrap.dedent('''
                 return ClippedSGD(self.a.parameters(), lr=0.1, gamma=1.0), ClippedSGD(self.b.parameters(), lr=0.1, gamma=1.0)
             return ClippedSGD(self.a.parameters() if self.subset else self.parameters(), lr=0.1, gamma=1.0)
 
-    def fit(module=None, **trainer_options):
+    def fit(module=None, strategy=None, **trainer_options):
         loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8)
         options = dict(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
                        enable_progress_bar=False, enable_model_summary=False)
-        trainer = L.Trainer(strategy=LocalclipStrategy(period=2), **{**options, **trainer_options})
+        trainer = L.Trainer(strategy=strategy or LocalclipStrategy(period=2), **{**options, **trainer_options})
         try:
             trainer.fit(module or Tiny(), loader)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
-        return "trained: rounds=%d" % trainer.strategy.algorithm.rounds
+        a = trainer.strategy.algorithm
+        return f"trained: {type(a).__name__} {a.period} {type(a.averager.outer).__name__} {a.averager.compression} {a.averager.fragments} {a.averager.overlap}"
 
     out = {
         "gradient_clip_val": fit(gradient_clip_val=1.0),
@@ -67,6 +70,8 @@ REFUSALS = textwrap.dedent('''
         "two_optimizers": fit(Tiny(optimizers=2)),
         "subset": fit(Tiny(subset=True)),
         "plain": fit(),
+        "options": fit(strategy=LocalclipStrategy(4, "episode", outer_optimizer=OuterSGD(0.7, 0.9, nesterov=True), compression="int8")),
+        "streaming": fit(strategy=LocalclipStrategy(period=4, compression="int4", fragments=2, overlap=1)),
     }
     print("RESULT " + json.dumps(out))
     from localclip.comm import distributed
@@ -115,8 +120,10 @@ def test_an_optimizer_over_part_of_the_model_is_refused(refusals):
     assert "Invalid optimizer" in msg and "trainable parameters" in msg, msg
 
 
-def test_the_same_script_without_refused_options_trains(refusals):
-    assert refusals["plain"].startswith("trained"), refusals
+def test_the_algorithm_and_round_options_reach_the_algorithm(refusals):
+    assert refusals["plain"] == "trained: CELGC 2 NoneType none 1 0", refusals
+    assert refusals["options"] == "trained: EPISODE 4 OuterSGD int8 1 0", refusals
+    assert refusals["streaming"] == "trained: CELGC 4 NoneType int4 2 1", refusals
 
 
 def test_constructor_refuses_bad_values():

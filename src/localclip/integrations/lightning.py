@@ -62,12 +62,13 @@ _WRAPPABLE = tuple(name for name, spec in ALGORITHMS.items() if set(spec.fixed) 
 class LocalclipStrategy(DDPStrategy):
     """Lightning's DDP strategy without DistributedDataParallel: the optimizer from
     ``configure_optimizers`` runs inside the localclip ``algorithm`` (``"celgc"``, ``"naive"`` or
-    ``"episode"``), which averages the models every ``period`` optimizer steps.
+    ``"episode"``), which averages the models every ``period`` optimizer steps. Local SGD is
+    ``"celgc"`` around an optimizer that does not clip (``torch.optim.SGD``).
 
     ``round_options`` go to :class:`~localclip.averaging.PeriodicAverager` through
     :func:`~localclip.algorithms.compose` (``outer_optimizer=OuterSGD(0.7, 0.9, nesterov=True)``,
     ``compression="int8"``, ``fragments``, ``overlap``, ``optimizer_state``, ``participants``, …);
-    they are copied for each ``fit``, so one strategy can fit more than once. The other keywords
+    they are copied for each ``fit``, which builds a fresh algorithm (a Trainer can fit again). The other keywords
     are DDPStrategy's (``process_group_backend``, ``timeout``, ``start_method``, …); DDP's own
     options (comm hooks, ``find_unused_parameters``) do not apply, as nothing is wrapped.
 
@@ -104,8 +105,9 @@ class LocalclipStrategy(DDPStrategy):
             self._algorithm.average()
 
     def _fitting(self) -> bool:
-        module = self.lightning_module
-        return module is not None and module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING
+        # After fit (trainer.validate, test), the model was averaged at its end: nothing to do.
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        return trainer is not None and trainer.state.fn == TrainerFn.FITTING
 
     # -- what is refused -----------------------------------------------------------------------
 
