@@ -23,8 +23,11 @@ What this module owns: when the models are averaged beyond the algorithm's own r
 every validation, before a checkpoint's weights are taken (``ModelCheckpoint``,
 ``trainer.save_checkpoint``) and at the end of ``fit``, every rank averages, so that every rank
 evaluates and saves the same averaged model (a round only if a step was taken since the last
-one: validating or checkpointing every multiple of ``period`` steps adds none). A checkpoint
-holds rank 0's optimizer and averager state; resuming from it gives every rank that state.
+one: validating or checkpointing every multiple of ``period`` steps adds none). The average
+before a validation is taken after the callbacks' and the module's own ``on_validation_start``
+hooks, so those hooks see each rank's local model; ``validation_step`` sees the average. A
+checkpoint holds rank 0's optimizer and averager state; resuming from it gives every rank that
+state.
 
 What it refuses, in one line each, because it would change the algorithm or cannot be averaged:
 ``Trainer(gradient_clip_val=...)`` (it would clip the gradient before the optimizer's own
