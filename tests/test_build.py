@@ -207,7 +207,6 @@ def test_the_streaming_matrix_runs_what_the_library_composition_runs_or_is_refus
      (["--overlap", "8"], "Invalid overlap: 8 .* period=8"), (["--overlap", "-1"], "Invalid overlap: -1"),
      (["--overlap", "1", "--set", "overlap_alpha=2"], "Invalid overlap_alpha: 2.0"),
      (["--fragments", "2", "--set", "optimizer_state=average"], "Invalid optimizer_state: 'average' .*fragments=2"),
-     (["--overlap", "1", "--set", "eval_interval=8"], "Invalid eval_interval: 8 .*overlap=1"),
      (["--set", "overlap_alpha=0.5"], "Invalid overlap_alpha: 0.5 .*overlap >= 1")],
 )
 def test_bad_streaming_values_are_refused_before_a_run_folder(tmp_path, capsys, flags, match):
@@ -217,6 +216,20 @@ def test_bad_streaming_values_are_refused_before_a_run_folder(tmp_path, capsys, 
     code = main(["train", "ptb-small", *flags, "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and re.search(match, err) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_streaming_runs_validate_at_any_step_and_the_others_at_multiples_of_the_period(tmp_path, capsys):
+    """Inside an epoch a streaming run scores the mean of the workers' live models, which exists
+    at every step; the others score the averaged model, which exists at the end of a period."""
+    for flags in (["--overlap", "1"], ["--fragments", "2"], ["--fragments", "4", "--overlap", "3"]):
+        config = train_config(["ptb-small", "--period", "8", *flags, "--set", "eval_interval=5"])
+        assert config.eval_interval == 5 and (config.fragments, config.overlap) != (1, 0)
+    assert train_config(["ptb-small", "--period", "8", "--set", "eval_interval=16"]).eval_interval == 16
+    out = tmp_path / "run"
+    code = main(["train", "ptb-small", "--period", "8", "--set", "eval_interval=5", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Invalid eval_interval: 5" in err and "multiple of period=8" in err and err.count("\n") == 1, err
     assert not out.exists()
 
 

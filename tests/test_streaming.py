@@ -3,6 +3,7 @@ their checkpoints, and their refusals."""
 
 import copy
 import itertools
+import math
 
 import pytest
 import torch
@@ -338,3 +339,175 @@ def test_global_clipping_refreshes_its_reference_norm_after_each_started_round()
     # after each started round but the last: steps 3, 5, 7.
     assert (rounds, extra) == (5, 4)
     assert torch.equal(_bits(a), _bits(b))
+
+
+# -- evaluations inside an epoch: the mean of the workers' live models -------------------------
+
+
+def _flight_state(avg):
+    """What the algorithm holds between rounds: rounds in flight (the objects, whether their
+    transport arrived), snapshots, anchors, outer momentum, residuals and counters, copied."""
+    return {
+        "flights": [(id(f), f.fragment, f.index, f.total, f.results is None) for f in avg._in_flight],
+        "snapshots": [s.clone() for s in getattr(avg, "_snapshots", [])],
+        "anchors": [None if b.anchor is None else b.anchor.clone() for b in avg._buckets],
+        "outer": copy.deepcopy(avg.outer.state_dict()) if avg.outer is not None else None,
+        "feedback": [copy.deepcopy(f.state_dict()) for f in avg._feedback or []],
+        "counters": (avg.rounds, avg.bytes_communicated, avg.nonfinite_rounds, list(avg.schedule.synced_at)),
+    }
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _evaluated_streaming_run(steps, evaluate_at, **options):
+    """A streaming CELGC run that swaps in the mean of the live models after the steps in
+    ``evaluate_at``; returns what each swap held, whether the algorithm's state was left as it
+    was, and the final model."""
+    from localclip.train.live_mean import LiveMean
+
+    comm = current()
+    model = tiny_model(seed=comm.rank)
+    if "outer" in options:
+        options["outer_optimizer"] = localclip.OuterSGD(*options.pop("outer"))
+    alg = compose("celgc", model, ClippedSGD(list(model.parameters()), 0.3, 0.05), 4, **options)
+    mean = LiveMean(model, comm)
+    seen = []
+    for t, (x, y) in enumerate(fixed_batches(comm.rank, steps), start=1):
+        alg.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        alg.step()
+        if t in evaluate_at:
+            # A started round's transport writes its buffers until every worker has started it:
+            # past this barrier, in the simulation, they hold what they will hold at the landing.
+            comm.barrier()
+            own, state = _flat(model).clone(), _flight_state(alg.averager)
+            everyone = own.clone().unsqueeze(0).repeat(comm.world_size, 1)
+            everyone[[i for i in range(comm.world_size) if i != comm.rank]] = 0
+            comm.all_reduce([everyone])  # every worker's live model, to check the mean against
+            with mean.swapped_in():
+                swapped = _flat(model).clone()
+            seen.append({"step": t, "in_flight": bool(alg.averager._in_flight), "swapped": swapped, "everyone": everyone,
+                         "untouched": _same(state, _flight_state(alg.averager)), "restored": torch.equal(_bits(own), _bits(_flat(model)))})
+    alg.average()
+    return {"seen": seen, "final": _flat(model).clone(), "rounds": alg.rounds, "bytes": alg.bytes_communicated}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(fragments=2, overlap=3, outer=(0.7, 0.9, True), compression="int8"), dict(fragments=4, compression="bf16"),
+     dict(overlap=2, overlap_alpha=0.5)],
+)
+def test_the_mean_of_the_live_models_leaves_rounds_in_flight_anchors_and_residuals_alone(options):
+    at = {2, 3, 5, 6, 7, 9}
+    plain = SimulatedWorld(3).run(_evaluated_streaming_run, 12, set(), **copy.deepcopy(options))
+    evaluated = SimulatedWorld(3).run(_evaluated_streaming_run, 12, at, **copy.deepcopy(options))
+    if options.get("overlap"):
+        assert any(s["in_flight"] for s in evaluated[0]["seen"]), "meant to evaluate with a round in flight"
+    for p, e in zip(plain, evaluated):
+        assert torch.equal(_bits(p["final"]), _bits(e["final"])) and (p["rounds"], p["bytes"]) == (e["rounds"], e["bytes"])
+        assert [s["step"] for s in e["seen"]] == sorted(at)
+        for s in e["seen"]:
+            assert s["untouched"] and s["restored"], s["step"]
+            torch.testing.assert_close(s["swapped"], s["everyone"].mean(0), rtol=1e-6, atol=1e-7)
+            assert not all(torch.equal(s["everyone"][0], s["everyone"][i]) for i in (1, 2)), s["step"]  # the workers differ there
+    for a, b in itertools.combinations([e["seen"] for e in evaluated], 2):
+        assert all(torch.equal(_bits(x["swapped"]), _bits(y["swapped"])) for x, y in zip(a, b))  # every worker scores the same model
+
+
+def test_a_non_finite_worker_is_left_out_of_the_mean_of_the_live_models():
+    from localclip.train.live_mean import LiveMean
+
+    def worker(bad):
+        comm = current()
+        model = tiny_model(seed=comm.rank)
+        if comm.rank in bad:
+            with torch.no_grad():
+                model[0].weight[0, 0] = float("nan")
+        own = _flat(model).clone()
+        everyone = own.unsqueeze(0).repeat(comm.world_size, 1)
+        everyone[[i for i in range(comm.world_size) if i != comm.rank]] = 0
+        comm.all_reduce([everyone])
+        with LiveMean(model, comm).swapped_in():
+            swapped = _flat(model).clone()
+        return swapped, everyone, torch.equal(_bits(own), _bits(_flat(model)))
+
+    (swapped, everyone, restored), *_ = SimulatedWorld(3).run(worker, {1})
+    assert restored and torch.isfinite(swapped).all()
+    torch.testing.assert_close(swapped, everyone[[0, 2]].mean(0))
+    (swapped, _, restored), *_ = SimulatedWorld(3).run(worker, {0, 1, 2})
+    assert restored and torch.isnan(swapped).all()  # nothing left to average: the evaluation sees a diverged model
+
+
+EVAL_ARGS = ["ptb-small", "--workers", "2", "--period", "3", "--fragments", "2", "--overlap", "2", "--set", "checkpoint_interval=5",
+             "--set", "keep_checkpoints=10"]
+
+
+def _train(out, *args):
+    from localclip.cli import main
+    from test_train import SMOKE
+
+    assert main(["train", *EVAL_ARGS, *args, "--out", str(out), *SMOKE]) == 0
+
+
+def _records(out):
+    import json
+
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _summary(out):
+    import json
+
+    return {k: v for k, v in json.loads((out / "summary.json").read_text()).items() if not k.startswith("time/")}
+
+
+def test_evaluations_inside_an_epoch_of_a_streaming_run_leave_its_training_untouched(tmp_path):
+    """Fragments on offsets 0 and 1 of period 3, rounds landing 2 steps late, an outer step with
+    momentum and int4 residuals; validations every 4 steps (not a multiple of the period): the
+    same model bits, training records and checkpoints (but for the movement since the last
+    evaluation and the timings) as the same run validated only at its end."""
+    streaming = ["--max-steps", "14", "--outer-optimizer", "nesterov", "--compression", "int4"]
+    _train(tmp_path / "plain", *streaming)
+    _train(tmp_path / "evaluated", *streaming, "--set", "eval_interval=4")
+    plain, evaluated = _records(tmp_path / "plain"), _records(tmp_path / "evaluated")
+    assert [r for r in plain if "train/loss" in r] == [r for r in evaluated if "train/loss" in r]
+    assert _summary(tmp_path / "plain") == _summary(tmp_path / "evaluated")  # model/sha256, rounds, bytes, the final scores
+    mid = [r for r in evaluated if "val/loss" in r and not r.get("final")]
+    assert [r["step"] for r in mid] == [4, 8, 12] and not [r for r in plain if "val/loss" in r and not r.get("final")]
+    assert all(math.isfinite(r["val/ppl"]) and r["move/path"] > 0 for r in mid)
+    trained = {r["step"]: r["comm/rounds"] for r in evaluated if "train/loss" in r}
+    assert all(r["comm/rounds"] == trained[r["step"]] for r in mid if r["step"] in trained)  # no round of its own
+    for step in (5, 10, 14):
+        for rank in (0, 1):
+            a, b = (torch.load(tmp_path / run / "checkpoints" / f"step-{step}" / f"rank-{rank}.pt", weights_only=False)
+                    for run in ("plain", "evaluated"))
+            evaluation_only = {"move_from", "path", "time_compute", "time_comm"}
+            assert a.keys() == b.keys() and _same({k: v for k, v in a.items() if k not in evaluation_only},
+                                                  {k: v for k, v in b.items() if k not in evaluation_only}), (step, rank)
+            assert a["algorithm"]["averager"]["in_flight"] or step == 14  # a round was in flight at the mid-run ones
+
+
+def test_evaluations_inside_an_epoch_of_a_streaming_run_resume_and_spawn_as_the_straight_simulated_run(tmp_path):
+    """A resume from the step-10 checkpoint (a round in flight) continues with the same
+    evaluation records; gloo processes score the same bits as simulated workers (three: gloo
+    then sums in rank order by its own phases, with the rounds in flight between them)."""
+    streaming = ["--workers", "3", "--set", "eval_interval=4"]
+    _train(tmp_path / "straight", "--max-steps", "16", *streaming)
+    _train(tmp_path / "run", "--max-steps", "10", *streaming)
+    _train(tmp_path / "run", "--max-steps", "16", "--resume", *streaming)
+    straight = _records(tmp_path / "straight")
+    evaluations = [r for r in straight if "val/loss" in r]
+    assert [r["step"] for r in evaluations] == [4, 8, 12, 16, 16]  # the mean of the live models at the end, then the final
+    assert evaluations[-1]["val/loss"] != evaluations[-2]["val/loss"]  # the final one scores the model after the averaging
+    assert _records(tmp_path / "run") == straight and _summary(tmp_path / "run") == _summary(tmp_path / "straight")
+    _train(tmp_path / "spawn", "--max-steps", "16", *streaming, "--runtime", "spawn", "--set", "threads=1")
+    assert _records(tmp_path / "spawn") == straight and _summary(tmp_path / "spawn") == _summary(tmp_path / "straight")

@@ -149,8 +149,11 @@ def check(config, bad) -> None:
     if not config.error_feedback and config.compression not in LOWBIT:
         bad("error_feedback", f"false applies to compression={'|'.join(LOWBIT)}, not compression={config.compression}")
     _check_streaming(config, bad)
-    if config.eval_interval and s.averages_models and config.eval_interval % config.period:
-        # Evaluations score the averaged model, which exists only at the end of a period.
+    streaming = config.fragments != 1 or config.overlap
+    if config.eval_interval and s.averages_models and not streaming and config.eval_interval % config.period:
+        # Evaluations score the averaged model, which exists only at the end of a period. With
+        # streaming rounds no step holds it inside an epoch: they score the mean of the workers'
+        # live models (localclip.train.live_mean), at any step.
         bad("eval_interval", f"must be a multiple of period={config.period}")
 
 
@@ -170,9 +173,6 @@ def _check_streaming(config, bad) -> None:
         bad("overlap", f"a round must land before the fragment's next one: overlap < period={config.period}")
     if config.optimizer_state != "local":
         bad("optimizer_state", f"streaming rounds (fragments={config.fragments}, overlap={config.overlap}) keep it local")
-    if config.eval_interval:
-        bad("eval_interval", f"mid-epoch evaluations need the averaged model, which streaming rounds (fragments={config.fragments}, "
-                             f"overlap={config.overlap}) hold only at the end of an epoch")
 
 
 def communication_period(config) -> int | None:

@@ -5,11 +5,13 @@
 only calls has its own owner: the algorithm (:func:`localclip.algorithms.build_algorithm`, which
 also says how often it communicates), the step decay of lr and γ
 (:class:`~localclip.optim.StepDecay`), the NT-ASGD-like average
-(:class:`~localclip.train.asgd.EpochAverage`), what is recorded per logging interval and per
-evaluation (:class:`~localclip.train.metrics.RunMetrics`), what a checkpoint holds and which one a
-resume starts from (:mod:`localclip.train.checkpointing`), the device (:mod:`localclip.devices`)
-and the run folder (:class:`~localclip.train.run_folder.RunFolder`). Every worker runs the same
-code; rank 0 alone writes the run folder.
+(:class:`~localclip.train.asgd.EpochAverage`), the mean of the workers' live models that an
+evaluation inside an epoch of a streaming run scores (:class:`~localclip.train.live_mean.LiveMean`;
+every other evaluation follows a round and scores the model itself), what is recorded per
+logging interval and per evaluation (:class:`~localclip.train.metrics.RunMetrics`), what a
+checkpoint holds and which one a resume starts from (:mod:`localclip.train.checkpointing`), the
+device (:mod:`localclip.devices`) and the run folder (:class:`~localclip.train.run_folder.RunFolder`).
+Every worker runs the same code; rank 0 alone writes the run folder.
 
 A stop request (SIGTERM/SIGINT, :mod:`localclip.interrupt`) is acted on at agreement points:
 every round boundary (every step for naive parallel clipping), every ``stop_check_interval``
@@ -23,6 +25,7 @@ extra collective, and no checkpoint of the diverged state is written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -39,6 +42,7 @@ from localclip.train.config import TrainConfig
 from localclip.optim import StepDecay
 from localclip.train.asgd import EpochAverage
 from localclip.train.checkpointing import Checkpointer, agree_on_checkpoint, worker_state
+from localclip.train.live_mean import LiveMean
 from localclip.train.metrics import RunMetrics
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
@@ -85,6 +89,10 @@ class Trainer:
         # Owners of what the loop only calls: the step decay and the NT-ASGD-like average.
         self.step_size = StepDecay(self.algorithm, config.lr, config.gamma, config.lr_decay_epochs, config.lr_decay)
         self.epoch_average = EpochAverage(self.model, config.asgd_patience)
+        # Streaming rounds leave the workers at different models inside an epoch: what an
+        # evaluation there scores is their mean, made for it alone.
+        self.live_mean = LiveMean(self.model, self.comm)
+        self._streaming = self.world_size > 1 and (config.fragments != 1 or config.overlap != 0)
         self.metrics = RunMetrics(self.model, self.algorithm, self.comm, self.device, run=self.run, metric=self.workload.metric)
         self.checkpointer = Checkpointer(run_folder, self.comm, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
         self._eval_cache: dict = {}
@@ -226,7 +234,7 @@ class Trainer:
             if self.step % cfg.log_interval == 0:
                 self._log_train(bar)
             if cfg.eval_interval and self.step % cfg.eval_interval == 0:
-                self._log_eval(splits=("valid",))
+                self._log_eval(splits=("valid",), live_mean=self._streaming)
             if self.position >= limit or self._budget_spent() or self.diverged_at is not None:
                 return
             if self.checkpointer.due(self.step):
@@ -292,21 +300,28 @@ class Trainer:
             return
         self.epoch_average.end_of_epoch(result["val/ppl"])
 
-    def _evaluate(self, split: str) -> dict:
-        """Evaluate once per (step, split): the final evaluation reuses the end-of-epoch one."""
-        key = (self.step, self.workload.split_name(split), self.epoch_average.count)
+    def _evaluate(self, split: str, live_mean: bool = False) -> dict:
+        """Evaluate once per (step, split, model scored): the final evaluation reuses the
+        end-of-epoch one; the mean of the live models at an epoch's last step is not the model
+        after that epoch's averaging."""
+        key = (self.step, self.workload.split_name(split), self.epoch_average.count, live_mean)
         if key not in self._eval_cache:
             self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split)}
         return self._eval_cache[key]
 
-    def _log_eval(self, splits, final: bool = False) -> dict:
-        moved = self.metrics.movement()  # the model's own weights, before the average is swapped in
-        with self.epoch_average.swapped_in():
-            result = {}
-            for split in splits:
-                prefix = "val" if split == "valid" else "test"
-                for k, v in self._evaluate(split).items():
-                    result[f"{prefix}/{k}"] = v
+    def _log_eval(self, splits, final: bool = False, live_mean: bool = False) -> dict:
+        """Evaluate and log. ``live_mean``: score the mean of the workers' live models
+        (:mod:`localclip.train.live_mean`), for an evaluation inside an epoch of a streaming run;
+        otherwise the model itself, which every worker holds after a round."""
+        with self.live_mean.swapped_in() if live_mean else contextlib.nullcontext():
+            # The evaluated average's weights, before the NT-ASGD average is swapped in.
+            moved = self.metrics.movement()
+            with self.epoch_average.swapped_in():
+                result = {}
+                for split in splits:
+                    prefix = "val" if split == "valid" else "test"
+                    for k, v in self._evaluate(split, live_mean).items():
+                        result[f"{prefix}/{k}"] = v
         self.metrics.log_evaluation(self.step, self.epoch_progress(), result, moved, final=final)
         if self.config.stop_on_divergence and self.diverged_at is None and _diverged(result):
             self.diverged_at = self.step
