@@ -137,7 +137,10 @@ class TrainConfig:
     log_interval: int = 50
     """Steps between ``metrics.jsonl`` training records."""
     eval_interval: int = 0
-    """Steps between mid-epoch validations (0: at the end of each epoch only)."""
+    """Steps between mid-epoch validations (0: at the end of each epoch only). They score the
+    averaged model, so for model-averaging runs a multiple of ``period``; with streaming rounds
+    (``fragments > 1`` or ``overlap >= 1``) any number of steps: they score the mean of the
+    workers' live models (:mod:`localclip.train.live_mean`) and leave the training untouched."""
     checkpoint_interval: int = 200
     """Steps between checkpoints (also one at the end of every epoch and one when the budget
     runs out, before the final averaging, so that a larger budget can continue the run)."""

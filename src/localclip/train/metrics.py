@@ -157,7 +157,8 @@ class RunMetrics:
     def movement(self) -> dict:
         """How far the model moved since the last evaluation against the mean path the workers'
         local steps walked (both in parameter space); every worker calls it at every evaluation,
-        with the model's own (not the evaluated average's) weights in place."""
+        with the evaluated model in place (the model itself, or inside an epoch of a streaming
+        run the mean of the workers' live models), not the NT-ASGD average."""
         path = self.path.reshape(1).clone()
         if self.world_size > 1:
             self.comm.all_reduce([path])  # metrics only
