@@ -1,5 +1,6 @@
 """Streaming rounds: fragments on staggered schedules, rounds in flight merged tau steps later,
-their checkpoints, and their refusals."""
+their checkpoints, their refusals, and the evaluations inside an epoch that score the mean of the
+workers' live models."""
 
 import copy
 import itertools
