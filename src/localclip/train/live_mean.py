@@ -57,30 +57,35 @@ class LiveMean:
             return
         with torch.no_grad():
             own = [t.detach().clone() for t in tensors]
-            # One flat sum per accumulation dtype (float64 stays float64; narrower types sum in
-            # float32), all in one collective, with this worker's weight (1, or 0 if non-finite).
-            groups: dict[torch.dtype, list[int]] = {}
-            for i, t in enumerate(tensors):
-                groups.setdefault(torch.float64 if t.dtype == torch.float64 else torch.float32, []).append(i)
-            flats = {dtype: torch.cat([tensors[i].detach().reshape(-1).to(dtype) for i in idx]) for dtype, idx in groups.items()}
-            finite = all(bool(torch.isfinite(f).all()) for f in flats.values())
-            if not finite:
-                for f in flats.values():
-                    f.zero_()
-            weight = torch.tensor([1.0 if finite else 0.0], dtype=torch.float64, device=tensors[0].device)
-            self.comm.all_reduce([weight, *flats.values()])  # evaluation only: not part of the algorithm's traffic
-            # Divided in each flat's own dtype: the same operation on every worker and runtime.
-            for dtype, idx in groups.items():
-                mean = flats[dtype].div_(weight.to(dtype))
-                at = 0
-                for i in idx:
-                    t = tensors[i]
-                    t.copy_(mean[at : at + t.numel()].view_as(t))
-                    at += t.numel()
-            del flats
+            self._write_mean(tensors)
         try:
             yield
         finally:
             with torch.no_grad():
                 for t, o in zip(tensors, own):
                     t.copy_(o)
+
+    @torch.no_grad()
+    def _write_mean(self, tensors: list[torch.Tensor]) -> None:
+        """Overwrite ``tensors`` with their mean over the workers (the sums are freed on return,
+        before the evaluation runs)."""
+        # One flat sum per accumulation dtype (float64 stays float64; narrower types sum in
+        # float32), all in one collective, with this worker's weight (1, or 0 if non-finite).
+        groups: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            groups.setdefault(torch.float64 if t.dtype == torch.float64 else torch.float32, []).append(i)
+        flats = {dtype: torch.cat([tensors[i].detach().reshape(-1).to(dtype) for i in idx]) for dtype, idx in groups.items()}
+        finite = all(bool(torch.isfinite(f).all()) for f in flats.values())
+        if not finite:
+            for f in flats.values():
+                f.zero_()
+        weight = torch.tensor([1.0 if finite else 0.0], dtype=torch.float64, device=tensors[0].device)
+        self.comm.all_reduce([weight, *flats.values()])  # evaluation only: not part of the algorithm's traffic
+        # Divided in each flat's own dtype: the same operation on every worker and runtime.
+        for dtype, idx in groups.items():
+            mean = flats[dtype].div_(weight.to(dtype))
+            at = 0
+            for i in idx:
+                t = tensors[i]
+                t.copy_(mean[at : at + t.numel()].view_as(t))
+                at += t.numel()
