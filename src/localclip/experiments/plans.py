@@ -460,9 +460,11 @@ def streaming(epochs: float = 12.0) -> Plan:
 
     Each run is judged against plain CELGC I = 8 (``celgc-I8``, the configuration of the ``fair``
     sweep's: a copy of that run's folder counts as this one) and naive parallel clipping
-    (``naive``, likewise ``fair``'s). Streaming rounds hold the averaged model only at the end of
-    an epoch, so ``celgc-I8-P4-tau1`` is validated once per epoch (the others 4 times); every
-    run's final validation is at the end of its schedule. ``celgc-I8-bf16`` (bf16 rounds) replaces
+    (``naive``, likewise ``fair``'s). ``celgc-I8-P4-tau1`` is validated at the end of each epoch
+    only (the others 4 times an epoch): in the middle of an epoch a streaming run's evaluation
+    scores the mean of the workers' live models, a different model from the just-averaged one
+    the other runs score there, whereas at an epoch's end every run scores its averaged model.
+    Every run's final validation is at the end of its schedule. ``celgc-I8-bf16`` (bf16 rounds) replaces
     the ``converge`` sweep's run of that name, which was made at γ = 5 by code that no longer
     reproduces it. 6 runs of ``epochs`` epochs.
     """
