@@ -496,7 +496,9 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         plain = _plain(row["run"], data, finished)
         row["plain CELGC"] = plain
         row["vs plain %"] = _percent(row.get("val/ppl"), finished[plain]["summary"].get("val/ppl") if plain else None)
-        message = AWD_MESSAGE_BYTES * WIRE_FRACTION.get(c.get("compression", "none"), 1.0)
+        # A round of P fragments carries 1/P of the model (fragments are equal element ranges).
+        message = AWD_MESSAGE_BYTES * WIRE_FRACTION.get(c.get("compression", "none"), 1.0) / (c.get("fragments") or 1)
+        overlap = c.get("overlap") or 0
         row["target val/ppl"] = target
         hit = _first(data["val"], "val/ppl", target, True) if _good(target) else None
         row["steps to target"] = hit["step"] if hit else None
@@ -504,7 +506,7 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         for link, bandwidth in LINKS.items():
             for wire, label in ((None, ""), (message, ", 97 MB")):
                 col = f"s to target {link}{label}"
-                row[col] = _seconds(hit, per_step, bandwidth, wire)
+                row[col] = _seconds(hit, per_step, bandwidth, wire, overlap)
                 if row[col] is not None:
                     times[(row["run"], col)] = row[col]
         # The converse question: how long the baseline takes to reach what this run reaches.
@@ -515,7 +517,7 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         row["naive steps to it"] = base_hit["step"] if base_hit else None
         row["steps to it"] = own_hit["step"] if own_hit else None
         for link, bandwidth in LINKS.items():
-            mine = _seconds(own_hit, per_step, bandwidth, message)
+            mine = _seconds(own_hit, per_step, bandwidth, message, overlap)
             theirs = _seconds(base_hit, per_step, bandwidth, AWD_MESSAGE_BYTES)
             row[f"naive s to it {link}, 97 MB"] = theirs
             row[f"s to it {link}, 97 MB"] = mine
@@ -524,7 +526,7 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
             level = target * factor if _good(target) else None
             level_hit = _first(data["val"], "val/ppl", level, True) if level is not None else None
             for link, bandwidth in LINKS.items():
-                row[f"s to naive{_level(factor)} {link}"] = _seconds(level_hit, per_step, bandwidth, message)
+                row[f"s to naive{_level(factor)} {link}"] = _seconds(level_hit, per_step, bandwidth, message, overlap)
     for row in rows:
         for link in LINKS:
             col = f"s to target {link}, 97 MB"
@@ -552,7 +554,9 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         "with the same epochs, seed, data split and momentum); modelled seconds = steps × "
         + (f"{per_step * 1e3:.3g} ms" if per_step else "?")
         + f" (the median measured compute per local step over these runs) + rounds × {LATENCY * 1e6:g} µs + bytes over the link; "
-        "'97 MB': every round carries AWD-LSTM's 97 MB message instead of this model's (48.5 MB with bf16 or fp16 rounds). "
+        "'97 MB': every round carries AWD-LSTM's 97 MB message instead of this model's (48.5 MB with bf16 or fp16 rounds, "
+        "int8/int4 their share of it, 1/P of it with P fragments); a round in flight for τ steps (overlap) costs only what "
+        "of its time exceeds τ steps of compute. "
         "vs naive %, vs plain %: this run's final val/ppl above its naive baseline's, and above its plain CELGC counterpart's "
         "(same period, plain averaging, float32 rounds; for EPISODE the CELGC run on the same data). naive/this: the baseline's time over "
         "this run's (above 1: this run is faster); empty where a run does not reach the target. "
@@ -619,15 +623,19 @@ def _level(factor: float) -> str:
     return f"+{100 * (factor - 1):.0f} %"
 
 
-def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message: float | None) -> float | None:
-    """Modelled seconds to the record ``hit``: compute per local step, a latency per round, and
-    the bytes over a link of ``bandwidth`` bit/s (``message`` bytes a round, or the bytes the run
-    counted when None)."""
+def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message: float | None, overlap: int = 0) -> float | None:
+    """Modelled seconds to the record ``hit``: compute per local step, and per round a latency and
+    its bytes over a link of ``bandwidth`` bit/s (``message`` bytes a round, or the bytes the run
+    counted when None). A round in flight for ``overlap`` steps (streaming rounds) costs only what
+    of its time exceeds that much compute."""
     if hit is None or per_step is None:
         return None
     rounds = hit.get("comm/rounds", 0)
     nbytes = hit.get("comm/bytes", 0) if message is None else rounds * message
-    return hit["step"] * per_step + rounds * LATENCY + nbytes * 8 / bandwidth
+    wire = rounds * LATENCY + nbytes * 8 / bandwidth
+    if overlap and rounds:
+        wire = rounds * max(0.0, wire / rounds - overlap * per_step)
+    return hit["step"] * per_step + wire
 
 
 def _converge_curves(finished: dict, groups: dict[str, list[str]], out: Path, name: str = "converge") -> Path:
