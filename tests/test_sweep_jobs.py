@@ -486,3 +486,13 @@ def test_regime_report_says_how_often_naive_clips_the_mean_gradient(tmp_path):
     assert row["mean gradient / γ/η (median)"] == pytest.approx(1.6) and row["own gradient / γ/η (median)"] == pytest.approx(6.0)
     assert result["targets"] == {"clipped": {"naive": pytest.approx(0.85)}}
     assert "Naive clipped 85.0% of its steps." in (tmp_path / "awd-regime" / "summary.md").read_text()
+
+
+def test_a_round_in_flight_costs_only_what_exceeds_its_overlap():
+    from localclip.experiments.report import LATENCY, _seconds
+
+    hit = {"step": 100, "comm/rounds": 10, "comm/bytes": 1000}
+    wire = 1.25e6 * 8 / 1e9 + LATENCY  # one round: 10 ms on the link plus the latency
+    assert _seconds(hit, 0.01, 1e9, 1.25e6) == pytest.approx(1.0 + 10 * wire)
+    assert _seconds(hit, 0.01, 1e9, 1.25e6, overlap=1) == pytest.approx(1.0 + 10 * (wire - 0.01))
+    assert _seconds(hit, 0.01, 1e9, 1.25e6, overlap=2) == pytest.approx(1.0)  # hidden behind 2 steps
