@@ -73,6 +73,7 @@ byte order (scales travel as raw float32 bytes).
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import torch
@@ -243,10 +244,11 @@ def _absmax(blocks: torch.Tensor, scratch: Scratch | None = None) -> torch.Tenso
 @torch.no_grad()
 def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: torch.Generator | None,
                  codes_out: torch.Tensor | None = None, scratch: Scratch | None = None,
-                 rand_out: torch.Tensor | None = None):
+                 rand_out: torch.Tensor | None = None, decoded: bool = True):
     """Encode each row of ``xp`` (float32 ``[rows, whole blocks]``, zero past column ``m``) on its
     own: (codes ``[rows, code bytes of m]``, scales ``[rows, blocks]``, whether a block was lost).
-    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block).
+    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block),
+    or with ``decoded=False`` by the codes alone (as float32).
     The codes go into ``codes_out`` if given (uint8 ``[rows, code bytes]``, may be a strided view);
     ``rand_out`` (float32, ``xp``'s shape), if given, is overwritten: stochastic rounding draws
     into it, int4 packs its pairs in it.
@@ -301,7 +303,8 @@ def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: tor
             torch.add(xp[:, 0 : 2 * cb : 2], xp[:, 1 : 2 * cb : 2], alpha=16, out=pairs)
             codes.view(torch.int8).copy_(pairs)
             codes.add_(136)
-    blocks.mul_(scales.unsqueeze(2))
+    if decoded:
+        blocks.mul_(scales.unsqueeze(2))
     return codes, scales.contiguous(), lost
 
 
@@ -328,12 +331,17 @@ def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, b
             out[:, 1:used:2].copy_(codes >> 4)
             out[:, :used].sub_(8)
         else:
-            # Unpacked to signed bytes first (contiguous, a quarter of the float32 bytes), so
-            # that the float32 output takes one contiguous conversion and no subtraction.
-            q = _buffer(scratch, "int4", (rows, cb, 2), torch.int8, codes.device)
-            torch.bitwise_and(codes, 0xF, out=q[:, :, 0].view(torch.uint8))
-            torch.bitwise_right_shift(codes, 4, out=q[:, :, 1].view(torch.uint8))
-            out[:, :used].copy_(q.sub_(8).view(rows, used))
+            # Unpacked to signed bytes first, so that the float32 output takes one contiguous
+            # conversion and no subtraction: each byte c widened to 16 bits becomes
+            # (c & 15) | (c >> 4) << 8, whose two bytes are the pair in order (little-endian),
+            # minus 8 each. Contiguous 16-bit passes, where strided byte stores are slow.
+            q = _buffer(scratch, "int4", (rows, cb), torch.int16, codes.device)
+            high = _buffer(scratch, "int4 high", (rows, cb), torch.int16, codes.device)
+            q.copy_(codes)
+            torch.bitwise_left_shift(q, 4, out=high).bitwise_and_(0x0F00)
+            q.bitwise_and_(0xF).bitwise_or_(high)
+            pairs = q.view(torch.int8) if sys.byteorder == "little" else q.view(torch.int8).view(rows, cb, 2).flip(2)
+            out[:, :used].copy_(pairs.sub_(8).reshape(rows, used))
     out[:, used:].zero_()
     out.view(rows, nb, block).mul_(scales.unsqueeze(2))
     return out[:, :m]
@@ -350,13 +358,22 @@ def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: t
     bits, block = _check_bits(bits), _check_block(block)
     xp = _padded(1, x.numel(), block, x.device)
     xp[0, : x.numel()].copy_(x)
-    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator)
+    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator, decoded=False)
     return Encoded(codes[0], scales[0], x.numel(), bits, block)
 
 
 def decode(enc: Encoded) -> torch.Tensor:
     """The float32 values that ``enc`` stands for."""
-    return _decode_rows(enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block)[0].clone()
+    codes, scales, n, bits, block = enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block
+    whole = n // block * block  # elements in whole blocks: decoded in place in the result
+    if bits == 4 and block % 2:
+        return _decode_rows(codes, scales, n, bits, block)[0].clone()
+    out = torch.empty(n, dtype=torch.float32, device=codes.device)
+    cw = _code_bytes(whole, bits)
+    _decode_rows(codes[:, :cw], scales[:, : whole // block], whole, bits, block, out[:whole].view(1, whole))
+    if whole < n:
+        out[whole:].copy_(_decode_rows(codes[:, cw:], scales[:, whole // block :], n - whole, bits, block)[0])
+    return out
 
 
 class ErrorFeedback:
@@ -480,7 +497,7 @@ def start_lowbit_average(
     # Each chunk on the wire: its codes, its scales (float32 bytes), and its weight if any.
     payload = _buffer(scratch, "payload", (world, wire + 4 * weighted), torch.uint8, device)
     decoded = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)  # free until the all-to-all is in
-    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch, decoded)
+    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch, decoded, sending is not None)
     payload[:, cb:wire].copy_(scales.view(torch.uint8))
     if weighted:
         payload[:, wire:].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
@@ -565,7 +582,8 @@ class LowbitPending:
             feedback.shard_residual.copy_(shard)
         mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
         # The parts are summed: their buffer takes the shard's random draws.
-        _, shard_scales, lost = _encode_rows(sp, m, bits, block, self._generator, mine[:, :cb], scratch, self._decoded[:1])
+        _, shard_scales, lost = _encode_rows(sp, m, bits, block, self._generator, mine[:, :cb], scratch, self._decoded[:1],
+                                             feedback is not None)
         mine[:, cb:].copy_(shard_scales.view(torch.uint8))
         if feedback is not None:
             feedback.shard_residual.sub_(shard)
