@@ -160,22 +160,22 @@ def _buffer(scratch: Scratch | None, name: str, shape: tuple, dtype: torch.dtype
     return torch.empty(shape, dtype=dtype, device=device) if scratch is None else scratch.get(name, shape, dtype, device)
 
 
-def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor, *others: torch.Tensor) -> None:
-    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat`` (plus each of ``others``,
-    added in order); rows past its end hold zeros."""
+def _at_least(scratch: Scratch | None, name: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A flat buffer of ``numel`` elements: the front of the named one, grown only when too small
+    (for buffers that calls of several shapes share)."""
+    t = None if scratch is None else scratch._buffers.get(name)
+    if t is None or t.numel() < numel or t.dtype != dtype or t.device != torch.device(device):
+        t = _buffer(scratch, name, (numel,), dtype, device)
+    return t[:numel]
+
+
+def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor) -> None:
+    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat``; rows past its end hold zeros."""
     n = flat.numel()
     full, rest = divmod(n, m)
-    for lo, hi, target in ((0, full * m, xp[:full, :m]), (full * m, n, xp[full:full + 1, : rest])):
-        if hi == lo:
-            continue
-        src = flat[lo:hi].view(target.shape)
-        if others:
-            torch.add(src, others[0][lo:hi].view(target.shape), out=target)
-            for extra in others[1:]:
-                target.add_(extra[lo:hi].view(target.shape))
-        else:
-            target.copy_(src)
+    xp[:full, :m].copy_(flat[: full * m].view(full, m))
     if rest:
+        xp[full, :rest].copy_(flat[full * m :])
         xp[full, rest:m].zero_()
     xp[full + (rest > 0):, :m].zero_()
 
@@ -335,8 +335,8 @@ def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, b
             # conversion and no subtraction: each byte c widened to 16 bits becomes
             # (c & 15) | (c >> 4) << 8, whose two bytes are the pair in order (little-endian),
             # minus 8 each. Contiguous 16-bit passes, where strided byte stores are slow.
-            q = _buffer(scratch, "int4", (rows, cb), torch.int16, codes.device)
-            high = _buffer(scratch, "int4 high", (rows, cb), torch.int16, codes.device)
+            q = _at_least(scratch, "int4", rows * cb, torch.int16, codes.device).view(rows, cb)
+            high = _at_least(scratch, "int4 high", rows * cb, torch.int16, codes.device).view(rows, cb)
             q.copy_(codes)
             torch.bitwise_left_shift(q, 4, out=high).bitwise_and_(0x0F00)
             q.bitwise_and_(0xF).bitwise_or_(high)
@@ -345,6 +345,29 @@ def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, b
     out[:, used:].zero_()
     out.view(rows, nb, block).mul_(scales.unsqueeze(2))
     return out[:, :m]
+
+
+def _decode_to_flat(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int, out: torch.Tensor,
+                    spare: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
+    """:func:`_decode_rows` then :func:`_flat_from_rows` into ``out``, with the whole blocks of
+    each row decoded where they land in ``out`` (no second pass over them); each row's last
+    partial block and a last partial row go through ``spare`` (float32 ``[rows, blocks * block]``)."""
+    n = out.numel()
+    full, rest = divmod(n, m)
+    nbw = m // block
+    whole, cw = nbw * block, _code_bytes(nbw * block, bits)
+    if bits == 4 and whole % 2:  # the row's whole blocks end inside a byte
+        return _flat_from_rows(_decode_rows(codes, scales, m, bits, block, spare, scratch), m, out)
+    target = out[: full * m].view(full, m)
+    if full and whole:
+        _decode_rows(codes[:full, :cw], scales[:full, :nbw], whole, bits, block, target[:, :whole], scratch)
+    if full and whole < m:
+        target[:, whole:].copy_(_decode_rows(codes[:full, cw:], scales[:full, nbw:], m - whole, bits, block,
+                                             spare[:full, :block], scratch))
+    if rest:
+        last = _decode_rows(codes[full : full + 1], scales[full : full + 1], m, bits, block, spare[full : full + 1], scratch)
+        out[full * m :].copy_(last[0, :rest])
+    return out
 
 
 def _check_flat(x: torch.Tensor, what: str) -> None:
@@ -488,7 +511,9 @@ def start_lowbit_average(
     if weighted and not taking_part:
         xp[:, :m].zero_()
     elif sending is not None:
-        _rows_from_flat(xp, m, delta, sending.residual)
+        # The input is delta + residual; the residual holds it until the decoded values are
+        # subtracted below (one pass fewer than adding it twice, and the same sum).
+        _rows_from_flat(xp, m, sending.residual.add_(delta))
     else:
         _rows_from_flat(xp, m, delta)
     nb = xp.shape[1] // block
@@ -502,8 +527,8 @@ def start_lowbit_average(
     if weighted:
         payload[:, wire:].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
     if sending is not None:
-        # residual <- (delta + residual) - decoded: the input again, in the same order (same bits).
-        _sub_rows(sending.residual.add_(delta), xp, m)
+        # residual <- (delta + residual) - decoded.
+        _sub_rows(sending.residual, xp, m)
         if lost:
             _drop_nonfinite(sending.residual)
     received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
@@ -601,10 +626,9 @@ class LowbitPending:
             for p in self._gather:
                 p.wait()
             gathered, scratch, world = self._gathered, self._scratch, self.comm.world_size
-            decoded = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, self._decoded,
-                                   scratch)
             out = torch.empty(n, dtype=torch.float32, device=gathered.device) if scratch is None else scratch.output(n, gathered.device)
-            self._result = LowbitRound(_flat_from_rows(decoded, m, out), (world - 1) * (self._received.shape[1] + wire), self.payload,
-                                       self._count)
+            average = _decode_to_flat(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, out,
+                                      self._decoded, scratch)
+            self._result = LowbitRound(average, (world - 1) * (self._received.shape[1] + wire), self.payload, self._count)
             self._gather = None
         return self._result
