@@ -199,7 +199,8 @@ def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor
     return out
 
 
-# Blocks per piece of _absmax on the CPU: 4096 blocks of 256 (4 MiB of float32) stay in cache.
+# Elements per piece of _absmax on the CPU: 4 MiB of float32 (4096 blocks of 256), so that its
+# pairwise passes stay in cache.
 _ABSMAX_PIECE = 1 << 20
 
 
@@ -211,8 +212,8 @@ def _absmax(blocks: torch.Tensor, scratch: Scratch | None = None) -> torch.Tenso
     thread), so the absolute values are halved pairwise with ``maximum`` (NaN-propagating) down
     to 8 per block, then ``amax``, a piece of blocks at a time so that the pairwise passes stay in
     cache. The maximum of the absolute values is the same number as ``max(hi, -lo)`` except for
-    the sign of a zero: a block of zeros has the scale ``aminmax`` gives it (it can be -0.0,
-    whose bits travel), recomputed the old way for such blocks only."""
+    the sign of a zero: a block of zeros gets the scale that ``aminmax`` gives it (it can be
+    -0.0, whose bits travel), computed with ``aminmax`` for such blocks only."""
     rows, nb, block = blocks.shape
     if blocks.device.type != "cpu" or rows * nb == 0:
         lo, hi = torch.aminmax(blocks, dim=2)
@@ -231,8 +232,8 @@ def _absmax(blocks: torch.Tensor, scratch: Scratch | None = None) -> torch.Tenso
         torch.amax(t[:, :h], dim=1, out=out[lo:hi])
     zero = out == 0
     if bool(zero.any()):
-        # aminmax's zeros for those blocks, then one maximum over the whole [rows, blocks] as
-        # aminmax's caller did: whether a tie of zeros keeps the first or the second operand
+        # aminmax's zeros for those blocks, then one maximum over the whole [rows, blocks], as
+        # over aminmax's output: whether a tie of zeros keeps the first or the second operand
         # depends on whether maximum takes its vectorized or its scalar loop at that position.
         lo, hi = torch.aminmax(flat[zero], dim=1)
         neg = out.neg()
@@ -272,12 +273,12 @@ def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: tor
     y = blocks.div_(divisor.unsqueeze(2))
     if generator is None:
         y.round_()
-        # |x| <= absmax = scale * qmax within half an ulp of the scale when the scale is a normal
-        # float, so the rounded quotient is within [-qmax, qmax]; only tiny (subnormal) scales,
-        # whose quotient is inexact, need the clamp.
+        # A normal scale is absmax / qmax within a relative 2^-24, so |x| / scale is at most
+        # qmax (1 + 2^-23) < qmax + 1/2 and rounds into [-qmax, qmax]; only tiny (subnormal)
+        # scales, whose quotient is inexact, need the clamp.
         clamp = bool(((scales > 0) & (scales < torch.finfo(torch.float32).tiny)).any())
     else:
-        # u < 1 can still round qmax + u up to qmax + 1 (and -qmax - tiny + u down), so always.
+        # Always: a quotient of qmax plus a draw just under 1 rounds to qmax + 1 in float32.
         u = torch.empty_like(xp) if rand_out is None else rand_out
         y.add_(torch.rand(u.shape, generator=generator, out=u).view(y.shape)).floor_()
         clamp = True
@@ -511,8 +512,8 @@ def start_lowbit_average(
     if weighted and not taking_part:
         xp[:, :m].zero_()
     elif sending is not None:
-        # The input is delta + residual; the residual holds it until the decoded values are
-        # subtracted below (one pass fewer than adding it twice, and the same sum).
+        # The input is delta + residual, summed once: the residual holds it until the decoded
+        # values are subtracted below.
         _rows_from_flat(xp, m, sending.residual.add_(delta))
     else:
         _rows_from_flat(xp, m, delta)
