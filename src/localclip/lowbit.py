@@ -73,6 +73,7 @@ byte order (scales travel as raw float32 bytes).
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import torch
@@ -159,22 +160,22 @@ def _buffer(scratch: Scratch | None, name: str, shape: tuple, dtype: torch.dtype
     return torch.empty(shape, dtype=dtype, device=device) if scratch is None else scratch.get(name, shape, dtype, device)
 
 
-def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor, *others: torch.Tensor) -> None:
-    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat`` (plus each of ``others``,
-    added in order); rows past its end hold zeros."""
+def _at_least(scratch: Scratch | None, name: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A flat buffer of ``numel`` elements: the front of the named one, grown only when too small
+    (for buffers that calls of several shapes share)."""
+    t = None if scratch is None else scratch._buffers.get(name)
+    if t is None or t.numel() < numel or t.dtype != dtype or t.device != torch.device(device):
+        t = _buffer(scratch, name, (numel,), dtype, device)
+    return t[:numel]
+
+
+def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor) -> None:
+    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat``; rows past its end hold zeros."""
     n = flat.numel()
     full, rest = divmod(n, m)
-    for lo, hi, target in ((0, full * m, xp[:full, :m]), (full * m, n, xp[full:full + 1, : rest])):
-        if hi == lo:
-            continue
-        src = flat[lo:hi].view(target.shape)
-        if others:
-            torch.add(src, others[0][lo:hi].view(target.shape), out=target)
-            for extra in others[1:]:
-                target.add_(extra[lo:hi].view(target.shape))
-        else:
-            target.copy_(src)
+    xp[:full, :m].copy_(flat[: full * m].view(full, m))
     if rest:
+        xp[full, :rest].copy_(flat[full * m :])
         xp[full, rest:m].zero_()
     xp[full + (rest > 0):, :m].zero_()
 
@@ -198,24 +199,71 @@ def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor
     return out
 
 
+# Elements per piece of _absmax on the CPU: 4 MiB of float32 (4096 blocks of 256), so that its
+# pairwise passes stay in cache.
+_ABSMAX_PIECE = 1 << 20
+
+
+def _absmax(blocks: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
+    """``max(hi, -lo)`` of each block (float32 ``[rows, blocks]``) from ``hi, lo = aminmax`` of the
+    block, NaN where the block holds a NaN.
+
+    On the CPU ``aminmax`` over 256 elements at a time is slow (about 2 ns an element on one
+    thread), so the absolute values are halved pairwise with ``maximum`` (NaN-propagating) down
+    to 8 per block, then ``amax``, a piece of blocks at a time so that the pairwise passes stay in
+    cache. The maximum of the absolute values is the same number as ``max(hi, -lo)`` except for
+    the sign of a zero: a block of zeros gets the scale that ``aminmax`` gives it (it can be
+    -0.0, whose bits travel), computed with ``aminmax`` for such blocks only."""
+    rows, nb, block = blocks.shape
+    if blocks.device.type != "cpu" or rows * nb == 0:
+        lo, hi = torch.aminmax(blocks, dim=2)
+        return torch.maximum(hi, lo.neg_())
+    flat = blocks.reshape(rows * nb, block)  # a view: xp is contiguous
+    out = torch.empty(rows * nb, dtype=torch.float32, device=blocks.device)
+    piece = max(1, _ABSMAX_PIECE // block)
+    tmp = _buffer(scratch, "absmax", (piece if scratch is not None else min(piece, rows * nb), block), torch.float32, blocks.device)
+    for lo in range(0, rows * nb, piece):
+        hi = min(lo + piece, rows * nb)
+        t = torch.abs(flat[lo:hi], out=tmp[: hi - lo])
+        h = block
+        while h > 8 and h % 2 == 0:
+            h //= 2
+            torch.maximum(t[:, :h], t[:, h : 2 * h], out=t[:, :h])
+        torch.amax(t[:, :h], dim=1, out=out[lo:hi])
+    zero = out == 0
+    if bool(zero.any()):
+        # aminmax's zeros for those blocks, then one maximum over the whole [rows, blocks], as
+        # over aminmax's output: whether a tie of zeros keeps the first or the second operand
+        # depends on whether maximum takes its vectorized or its scalar loop at that position.
+        lo, hi = torch.aminmax(flat[zero], dim=1)
+        neg = out.neg()
+        out[zero], neg[zero] = hi, lo
+        out = torch.maximum(out, neg.neg_())
+    return out.view(rows, nb)
+
+
 @torch.no_grad()
 def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: torch.Generator | None,
-                 codes_out: torch.Tensor | None = None, scratch: Scratch | None = None):
+                 codes_out: torch.Tensor | None = None, scratch: Scratch | None = None,
+                 rand_out: torch.Tensor | None = None, decoded: bool = True):
     """Encode each row of ``xp`` (float32 ``[rows, whole blocks]``, zero past column ``m``) on its
     own: (codes ``[rows, code bytes of m]``, scales ``[rows, blocks]``, whether a block was lost).
-    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block).
-    The codes go into ``codes_out`` if given (uint8 ``[rows, code bytes]``, may be a strided view).
+    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block),
+    or with ``decoded=False`` by the codes alone (as float32).
+    The codes go into ``codes_out`` if given (uint8 ``[rows, code bytes]``, may be a strided view);
+    ``rand_out`` (float32, ``xp``'s shape), if given, is overwritten: stochastic rounding draws
+    into it, int4 packs its pairs in it.
 
     Few passes and no large allocation but the codes, because a round encodes the whole model
-    twice: the absmax comes from one min/max pass (NaN propagates through it, so a block with a
+    twice: the absmax comes from :func:`_absmax` (NaN propagates through it, so a block with a
     NaN or an Inf is found from its scale alone), a lost block is cleared only when there is
-    one, and the quotient, its rounding and the decoding are done in ``xp`` itself."""
+    one, the clamp runs only when a code can leave the range, and the quotient, its rounding and
+    the decoding are done in ``xp`` itself."""
     rows = xp.shape[0]
     qmax = _QMAX[bits]
     nb = xp.shape[1] // block
     blocks = xp.view(rows, nb, block)
-    lo, hi = torch.aminmax(blocks, dim=2)
-    scales = torch.maximum(hi, lo.neg_()).div_(qmax)
+    scales = _absmax(blocks, scratch).div_(qmax)
     finite = torch.isfinite(scales)
     lost = not bool(finite.all())
     if lost:
@@ -225,20 +273,39 @@ def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: tor
     y = blocks.div_(divisor.unsqueeze(2))
     if generator is None:
         y.round_()
+        # A normal scale is absmax / qmax within a relative 2^-24, so |x| / scale is at most
+        # qmax (1 + 2^-23) < qmax + 1/2 and rounds into [-qmax, qmax]; only tiny (subnormal)
+        # scales, whose quotient is inexact, need the clamp.
+        clamp = bool(((scales > 0) & (scales < torch.finfo(torch.float32).tiny)).any())
     else:
-        y.add_(torch.rand(y.shape, generator=generator, dtype=y.dtype, device=y.device)).floor_()
-    y.clamp_(-qmax, qmax)  # only tiny (subnormal) scales, whose quotient is inexact, need it
+        # Always: a quotient of qmax plus a draw just under 1 rounds to qmax + 1 in float32.
+        u = torch.empty_like(xp) if rand_out is None else rand_out
+        y.add_(torch.rand(u.shape, generator=generator, out=u).view(y.shape)).floor_()
+        clamp = True
+    if clamp:
+        y.clamp_(-qmax, qmax)
     cb = m if bits == 8 else (m + 1) // 2
     codes = torch.empty(rows, cb, dtype=torch.uint8, device=xp.device) if codes_out is None else codes_out
     if bits == 8:
         codes.view(torch.int8).copy_(xp[:, :m])
     else:
-        # Past m the values are zeros, so an odd m's padding code is a zero code (8).
-        q = _buffer(scratch, "int4", (rows, 2 * cb), torch.int8, xp.device)
-        q.copy_(xp[:, : 2 * cb])
-        q = q.view(torch.uint8).add_(8)  # -7..7 as uint8 wraps to 1..15
-        torch.bitwise_or(q[:, 0::2], q[:, 1::2].bitwise_left_shift(4), out=codes)
-    blocks.mul_(scales.unsqueeze(2))
+        # Past m the values are zeros, so an odd m's padding code is a zero code (8). Each pair
+        # is packed in float32, exactly (small integers): lo + 16 hi in [-119, 119] becomes a
+        # byte, and + 136 (mod 256) makes it (lo + 8) + 16 (hi + 8), two nibbles 1..15.
+        if 2 * cb > xp.shape[1]:
+            # An odd block size and an odd length: no column for the padding code.
+            q = torch.empty(rows, 2 * cb, dtype=torch.int8, device=xp.device)
+            q.copy_(xp[:, : 2 * cb])
+            q = q.view(torch.uint8).add_(8)
+            torch.bitwise_or(q[:, 0::2], q[:, 1::2].bitwise_left_shift(4), out=codes)
+        else:
+            pairs = (torch.empty(rows, cb, dtype=torch.float32, device=xp.device) if rand_out is None
+                     else rand_out.view(-1)[: rows * cb].view(rows, cb))  # the draws are spent
+            torch.add(xp[:, 0 : 2 * cb : 2], xp[:, 1 : 2 * cb : 2], alpha=16, out=pairs)
+            codes.view(torch.int8).copy_(pairs)
+            codes.add_(136)
+    if decoded:
+        blocks.mul_(scales.unsqueeze(2))
     return codes, scales.contiguous(), lost
 
 
@@ -248,7 +315,7 @@ def _drop_nonfinite(residual: torch.Tensor) -> None:
 
 @torch.no_grad()
 def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, scratch: Scratch | None = None) -> torch.Tensor:
     """Decode :func:`_encode_rows`' output back to float32: a ``[rows, m]`` view of whole blocks
     (of ``out``, float32 ``[rows, blocks * block]``, if given)."""
     rows, nb = scales.shape
@@ -258,13 +325,50 @@ def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, b
         out[:, :m].copy_(codes.view(torch.int8))
         used = m
     else:
-        used = 2 * codes.shape[1]
-        out[:, 0:used:2].copy_(codes & 0xF)
-        out[:, 1:used:2].copy_(codes >> 4)
-        out[:, :used].sub_(8)
+        cb = codes.shape[1]
+        used = 2 * cb
+        if used > out.shape[1]:  # an odd block size and an odd length: no column for the padding code
+            out[:, 0:used:2].copy_(codes & 0xF)
+            out[:, 1:used:2].copy_(codes >> 4)
+            out[:, :used].sub_(8)
+        else:
+            # Unpacked to signed bytes first, so that the float32 output takes one contiguous
+            # conversion and no subtraction: each byte c widened to 16 bits becomes
+            # (c & 15) | (c >> 4) << 8, whose two bytes are the pair in order (little-endian),
+            # minus 8 each. Contiguous 16-bit passes, where strided byte stores are slow.
+            q = _at_least(scratch, "int4", rows * cb, torch.int16, codes.device).view(rows, cb)
+            high = _at_least(scratch, "int4 high", rows * cb, torch.int16, codes.device).view(rows, cb)
+            q.copy_(codes)
+            torch.bitwise_left_shift(q, 4, out=high).bitwise_and_(0x0F00)
+            q.bitwise_and_(0xF).bitwise_or_(high)
+            pairs = q.view(torch.int8) if sys.byteorder == "little" else q.view(torch.int8).view(rows, cb, 2).flip(2)
+            out[:, :used].copy_(pairs.sub_(8).reshape(rows, used))
     out[:, used:].zero_()
     out.view(rows, nb, block).mul_(scales.unsqueeze(2))
     return out[:, :m]
+
+
+def _decode_to_flat(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int, out: torch.Tensor,
+                    spare: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
+    """:func:`_decode_rows` then :func:`_flat_from_rows` into ``out``, with the whole blocks of
+    each row decoded where they land in ``out`` (no second pass over them); each row's last
+    partial block and a last partial row go through ``spare`` (float32 ``[rows, blocks * block]``)."""
+    n = out.numel()
+    full, rest = divmod(n, m)
+    nbw = m // block
+    whole, cw = nbw * block, _code_bytes(nbw * block, bits)
+    if bits == 4 and whole % 2:  # the row's whole blocks end inside a byte
+        return _flat_from_rows(_decode_rows(codes, scales, m, bits, block, spare, scratch), m, out)
+    target = out[: full * m].view(full, m)
+    if full and whole:
+        _decode_rows(codes[:full, :cw], scales[:full, :nbw], whole, bits, block, target[:, :whole], scratch)
+    if full and whole < m:
+        target[:, whole:].copy_(_decode_rows(codes[:full, cw:], scales[:full, nbw:], m - whole, bits, block,
+                                             spare[:full, :block], scratch))
+    if rest:
+        last = _decode_rows(codes[full : full + 1], scales[full : full + 1], m, bits, block, spare[full : full + 1], scratch)
+        out[full * m :].copy_(last[0, :rest])
+    return out
 
 
 def _check_flat(x: torch.Tensor, what: str) -> None:
@@ -278,13 +382,22 @@ def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: t
     bits, block = _check_bits(bits), _check_block(block)
     xp = _padded(1, x.numel(), block, x.device)
     xp[0, : x.numel()].copy_(x)
-    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator)
+    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator, decoded=False)
     return Encoded(codes[0], scales[0], x.numel(), bits, block)
 
 
 def decode(enc: Encoded) -> torch.Tensor:
     """The float32 values that ``enc`` stands for."""
-    return _decode_rows(enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block)[0].clone()
+    codes, scales, n, bits, block = enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block
+    whole = n // block * block  # elements in whole blocks: decoded in place in the result
+    if bits == 4 and block % 2:
+        return _decode_rows(codes, scales, n, bits, block)[0].clone()
+    out = torch.empty(n, dtype=torch.float32, device=codes.device)
+    cw = _code_bytes(whole, bits)
+    _decode_rows(codes[:, :cw], scales[:, : whole // block], whole, bits, block, out[:whole].view(1, whole))
+    if whole < n:
+        out[whole:].copy_(_decode_rows(codes[:, cw:], scales[:, whole // block :], n - whole, bits, block)[0])
+    return out
 
 
 class ErrorFeedback:
@@ -399,7 +512,9 @@ def start_lowbit_average(
     if weighted and not taking_part:
         xp[:, :m].zero_()
     elif sending is not None:
-        _rows_from_flat(xp, m, delta, sending.residual)
+        # The input is delta + residual, summed once: the residual holds it until the decoded
+        # values are subtracted below.
+        _rows_from_flat(xp, m, sending.residual.add_(delta))
     else:
         _rows_from_flat(xp, m, delta)
     nb = xp.shape[1] // block
@@ -407,13 +522,14 @@ def start_lowbit_average(
     wire = cb + 4 * nb  # bytes of one encoded chunk
     # Each chunk on the wire: its codes, its scales (float32 bytes), and its weight if any.
     payload = _buffer(scratch, "payload", (world, wire + 4 * weighted), torch.uint8, device)
-    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch)
+    decoded = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)  # free until the all-to-all is in
+    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch, decoded, sending is not None)
     payload[:, cb:wire].copy_(scales.view(torch.uint8))
     if weighted:
         payload[:, wire:].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
     if sending is not None:
-        # residual <- (delta + residual) - decoded: the input again, in the same order (same bits).
-        _sub_rows(sending.residual.add_(delta), xp, m)
+        # residual <- (delta + residual) - decoded.
+        _sub_rows(sending.residual, xp, m)
         if lost:
             _drop_nonfinite(sending.residual)
     received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
@@ -423,7 +539,7 @@ def start_lowbit_average(
                         for lo, hi in _pieces(payload.shape[1])]
     exchange._shape = (n, m, bits, block, cb, wire, weighted)
     exchange._feedback, exchange._generator, exchange._scratch = feedback, generator, scratch
-    exchange._received, exchange._decoded = received, _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)
+    exchange._received, exchange._decoded = received, decoded
     return exchange
 
 
@@ -468,7 +584,8 @@ class LowbitPending:
             p.wait()
         self._to_all = None
         # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
-        parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, self._decoded)
+        parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, self._decoded,
+                             scratch)
         sp = _padded(1, m, block, device, scratch, "shard")
         shard = sp[0, :m]
         torch.add(parts[0], parts[1], out=shard)
@@ -490,7 +607,9 @@ class LowbitPending:
             shard.add_(feedback.shard_residual)
             feedback.shard_residual.copy_(shard)
         mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
-        _, shard_scales, lost = _encode_rows(sp, m, bits, block, self._generator, mine[:, :cb], scratch)
+        # The parts are summed: their buffer takes the shard's random draws.
+        _, shard_scales, lost = _encode_rows(sp, m, bits, block, self._generator, mine[:, :cb], scratch, self._decoded[:1],
+                                             feedback is not None)
         mine[:, cb:].copy_(shard_scales.view(torch.uint8))
         if feedback is not None:
             feedback.shard_residual.sub_(shard)
@@ -508,9 +627,9 @@ class LowbitPending:
             for p in self._gather:
                 p.wait()
             gathered, scratch, world = self._gathered, self._scratch, self.comm.world_size
-            decoded = _decode_rows(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, self._decoded)
             out = torch.empty(n, dtype=torch.float32, device=gathered.device) if scratch is None else scratch.output(n, gathered.device)
-            self._result = LowbitRound(_flat_from_rows(decoded, m, out), (world - 1) * (self._received.shape[1] + wire), self.payload,
-                                       self._count)
+            average = _decode_to_flat(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, out,
+                                      self._decoded, scratch)
+            self._result = LowbitRound(average, (world - 1) * (self._received.shape[1] + wire), self.payload, self._count)
             self._gather = None
         return self._result

@@ -1,0 +1,251 @@
+"""CPU time of the int8/int4 block codec (:mod:`localclip.lowbit`) on one thread, against another
+version of it, interleaved, with a check that both give the same bits.
+
+    PYTHONPATH=src python benchmarks/bench_codec.py --against main --repeats 7
+
+``--against REV`` imports ``src/localclip/lowbit.py`` as it is at git revision ``REV`` (written to a
+temporary directory under another module name) beside the working tree's, and first checks that
+the two give the same bits: for inputs of many kinds (normal, heavy-tailed, zeros, NaN/Inf
+blocks, lengths not a multiple of 256, odd lengths, tiny, subnormal and huge values, negative
+zero) the same codes and scales from :func:`encode`, the same float32 bits from :func:`decode`,
+for 8 and 4 bits, rounding to nearest and stochastic (the same generator seed); and the same
+averages, residuals and bytes from simulated :func:`lowbit_average` rounds (2 and 3 workers,
+scratch buffers, error feedback, a worker left out, stochastic rounding). Then it times each
+operation on a 24,221,600-element tensor (the AWD-LSTM model), old and new alternating in each
+repeat, and prints the medians and the median of the paired ratios old / new (above 1: the
+working tree is faster). A round is one simulated ``lowbit_average`` of two workers taking
+turns (both workers' CPU time, with error feedback and reused scratch buffers, as the averager
+calls it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from localclip import lowbit as new
+from localclip.comm import SimulatedWorld, current
+
+NUMEL = 24_221_600
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_revision(rev: str):
+    """``localclip.lowbit`` as it is at git revision ``rev``, as a module named ``lowbit_at_rev``."""
+    text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:src/localclip/lowbit.py"], check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="bench_codec_")) / "lowbit_at_rev.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("lowbit_at_rev", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lowbit_at_rev"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- same bits ------------------------------------------------------------------------------------
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def cases(seed: int = 0):
+    """(name, 1-D float32 tensor) inputs of many kinds and lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 2, 3, 15, 16, 255, 256, 257, 511, 512, 513, 1001, 4096, 5000 + 7, 65_537]
+    for n in lengths:
+        yield f"normal {n}", torch.randn(n, generator=g) * 3
+        yield f"cauchy {n}", torch.empty(n).cauchy_(generator=g)
+        yield f"zeros {n}", torch.zeros(n)
+        yield f"negative zeros {n}", torch.full((n,), -0.0)
+        x = torch.randn(n, generator=g)
+        x[torch.randint(0, n, (max(1, n // 300),), generator=g)] = float("nan")
+        yield f"nan {n}", x
+        x = torch.randn(n, generator=g)
+        x[torch.randint(0, n, (max(1, n // 300),), generator=g)] = float("inf")
+        x[torch.randint(0, n, (max(1, n // 500),), generator=g)] = -float("inf")
+        yield f"inf {n}", x
+        yield f"tiny {n}", torch.randn(n, generator=g) * 1e-38
+        yield f"subnormal {n}", torch.randn(n, generator=g) * 1e-42
+        yield f"smallest {n}", torch.randint(-3, 4, (n,), generator=g).float() * 1e-45
+        yield f"huge {n}", torch.randn(n, generator=g) * 1e37
+        yield f"max {n}", torch.randn(n, generator=g).sign() * torch.finfo(torch.float32).max
+        x = torch.randn(n, generator=g) * torch.logspace(-40, 38, n).float()
+        x[torch.rand(n, generator=g) < 0.1] = -0.0
+        yield f"mixed scales {n}", x
+        # Blocks of zeros of both signs, mixed in random proportions (the sign of a zero scale).
+        x = torch.where(torch.rand(n, generator=g) < torch.rand(-(-n // 256), generator=g).repeat_interleave(256)[:n], -0.0, 0.0)
+        x[torch.rand(n, generator=g) < 0.001] = 1.5
+        yield f"signed zeros {n}", x
+        # Exact multiples of a step and halfway values: ties, every code, the clamp's edge.
+        k = torch.randint(-254, 255, (n,), generator=g).float() / 2
+        k[::256] = 127.0
+        yield f"ties {n}", k * 0.37
+        yield f"int4 ties {n}", torch.randint(-14, 15, (n,), generator=g).float() / 2
+
+
+def check_codec(old, rounds: bool = True) -> int:
+    """Compare ``old`` and the working tree's codec over :func:`cases`; return the cases checked."""
+    checked = 0
+    for name, x in cases():
+        for bits in (8, 4):
+            for seed in (None, 7):
+                gen = (lambda: None) if seed is None else (lambda: torch.Generator().manual_seed(seed))
+                a, b = old.encode(x, bits, generator=gen()), new.encode(x, bits, generator=gen())
+                what = f"{name}, int{bits}, {'nearest' if seed is None else 'stochastic'}"
+                assert _same(a.codes, b.codes), f"codes differ: {what}"
+                assert _same(a.scales, b.scales), f"scales differ: {what}"
+                assert (a.numel, a.bits, a.block) == (b.numel, b.bits, b.block), what
+                assert _same(old.decode(a), new.decode(b)), f"decoded bits differ: {what}"
+                assert _same(old.decode(a), new.decode(a)), f"decoded bits differ (old codes): {what}"
+                checked += 1
+    for name, x in list(cases(1))[::7]:
+        for block in (1, 3, 16, 100, 1024):
+            for bits in (8, 4):
+                try:
+                    a = old.encode(x, bits, block=block)
+                except (RuntimeError, ValueError):  # int4 with an odd block and an odd length: an error from both
+                    with contextlib.suppress(RuntimeError, ValueError):
+                        new.encode(x, bits, block=block)
+                        raise AssertionError(f"{name}, block {block}, int{bits}: encoded where the other version raised")
+                    continue
+                b = new.encode(x, bits, block=block)
+                assert _same(a.codes, b.codes) and _same(a.scales, b.scales), f"{name}, block {block}, int{bits}"
+                assert _same(old.decode(a), new.decode(b)), f"decoded bits differ: {name}, block {block}, int{bits}"
+                checked += 1
+    if rounds:
+        checked += check_rounds(old)
+    return checked
+
+
+def check_rounds(old) -> int:
+    """Simulated rounds: the same averages, residuals, shard residuals and bytes."""
+    checked = 0
+
+    def worker(module, n, bits, stochastic, kind):
+        comm = current()
+        fb, scratch, out = module.ErrorFeedback(n), module.Scratch(), []
+        gen = torch.Generator().manual_seed(100 + comm.rank) if stochastic else None
+        g = torch.Generator().manual_seed(comm.rank)
+        for k in range(3):
+            delta = torch.randn(n, generator=g) * (10.0 ** (3 * k - 3))
+            if kind == "nonfinite" and k == 1 and comm.rank == 1:
+                delta[n // 3] = float("nan")
+                delta[-1] = float("inf")
+            if kind == "zeros" and k == 1:
+                delta.zero_()
+            if kind == "signed zeros":  # without feedback, so that -0.0 reaches the encoder
+                delta = torch.where(torch.rand(n, generator=g) < k / 2, -0.0, 0.0)
+                delta[torch.rand(n, generator=g) < 0.002] = 1.0
+            weighted = kind == "weighted"
+            res = module.lowbit_average(comm, delta, bits, fb if kind not in ("nofeedback", "signed zeros") else None, generator=gen,
+                                        taking_part=(not (k == 1 and comm.rank == 1)) if weighted else None, scratch=scratch)
+            out.append((res.average.clone(), res.bytes_sent, res.payload, res.taking_part, fb.residual.clone(),
+                        None if fb.shard_residual is None else fb.shard_residual.clone()))
+        return out
+
+    for world in (2, 3):
+        for n in (1, 300, 2 * 256 * world, 2 * 256 * world + 77, 10_001, 40 * 256 * world + 5):
+            for bits in (8, 4):
+                for stochastic in (False, True):
+                    for kind in ("plain", "weighted", "nonfinite", "zeros", "nofeedback", "signed zeros"):
+                        a = SimulatedWorld(world, concurrent=False).run(worker, old, n, bits, stochastic, kind)
+                        b = SimulatedWorld(world, concurrent=False).run(worker, new, n, bits, stochastic, kind)
+                        for ra, rb in zip(a, b):
+                            for (avg, sent, pay, part, res, shard), (avg2, sent2, pay2, part2, res2, shard2) in zip(ra, rb):
+                                what = f"round: world {world}, n {n}, int{bits}, stochastic {stochastic}, {kind}"
+                                assert (sent, pay, part) == (sent2, pay2, part2), what
+                                assert _same(avg, avg2) and _same(res, res2) and _same(shard, shard2), what
+                        checked += 1
+    return checked
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+
+def operations(module, x: torch.Tensor, state: dict):
+    """name -> zero-argument callable, for ``module``'s codec on ``x``."""
+    ops = {}
+    for bits in (8, 4):
+        enc = module.encode(x, bits)
+        ops[f"encode int{bits} nearest"] = lambda bits=bits: module.encode(x, bits)
+        ops[f"encode int{bits} stochastic"] = lambda bits=bits: module.encode(x, bits, generator=torch.Generator().manual_seed(0))
+        ops[f"decode int{bits}"] = lambda enc=enc: module.decode(enc)
+
+        world = SimulatedWorld(2, concurrent=False)
+        fbs = [module.ErrorFeedback(x.numel()) for _ in range(2)]
+        scratch = [module.Scratch() for _ in range(2)]
+        deltas = [x, x.flip(0)]
+
+        def worker(bits=bits, fbs=fbs, scratch=scratch, deltas=deltas):
+            r = current().rank
+            return module.lowbit_average(current(), deltas[r], bits, fbs[r], scratch=scratch[r]).bytes_sent
+
+        ops[f"round int{bits} (2 workers)"] = lambda world=world, worker=worker: world.run(worker)
+        state.setdefault("keep", []).append((fbs, scratch))
+    return ops
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--against", default="main", help="git revision of lowbit.py to compare with (default: main)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--numel", type=int, default=NUMEL)
+    ap.add_argument("--only", nargs="*", help="time only the operations whose names contain one of these")
+    ap.add_argument("--no-check", action="store_true", help="skip the same-bits check")
+    ap.add_argument("--no-round-check", action="store_true", help="check the codec's bits but not the rounds'")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    old = load_revision(args.against)
+
+    if not args.no_check:
+        t0 = time.perf_counter()
+        checked = check_codec(old, rounds=not args.no_round_check)
+        print(f"same bits as {args.against}: {checked} cases ({time.perf_counter() - t0:.0f}s)")
+
+    x = torch.randn(args.numel, generator=torch.Generator().manual_seed(0))
+    x[:: 1 << 16] *= 50  # some blocks with an outlier
+    state: dict = {}
+    impls = {"old": operations(old, x, state), "new": operations(new, x, state)}
+    names = [n for n in impls["new"] if not args.only or any(o in n for o in args.only)]
+    times = {(impl, n): [] for impl in impls for n in names}
+    for rep in range(args.warmup + args.repeats):
+        for n in names:
+            order = ("old", "new") if rep % 2 == 0 else ("new", "old")
+            for impl in order:
+                t0 = time.perf_counter()
+                impls[impl][n]()
+                dt = time.perf_counter() - t0
+                if rep >= args.warmup:
+                    times[(impl, n)].append(dt)
+
+    print(f"\n{args.numel:,} float32 elements, 1 thread, {args.repeats} repeats interleaved "
+          f"(old = {args.against}, new = working tree); ratio old / new, above 1 is faster")
+    print(f"{'operation':<28} {'old ms':>9} {'new ms':>9} {'ratio':>7} {'paired':>7}")
+    for n in names:
+        o, w = times[("old", n)], times[("new", n)]
+        paired = statistics.median(a / b for a, b in zip(o, w))
+        print(f"{n:<28} {1e3 * statistics.median(o):>9.1f} {1e3 * statistics.median(w):>9.1f} "
+              f"{statistics.median(o) / statistics.median(w):>7.2f} {paired:>7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
