@@ -118,6 +118,8 @@ def check_codec(old, rounds: bool = True) -> int:
     for name, x in list(cases(1))[::7]:
         for block in (1, 3, 16, 100, 1024):
             for bits in (8, 4):
+                if bits == 4 and block % 2:
+                    continue  # refused since int4 packs two codes a byte within a block
                 try:
                     a = old.encode(x, bits, block=block)
                 except (RuntimeError, ValueError):  # int4 with an odd block and an odd length: an error from both

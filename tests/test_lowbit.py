@@ -303,6 +303,7 @@ def test_bad_input_is_refused_naming_the_value():
         (dict(delta=x.view(2, 4), bits=8), "1-D float32 tensor, got \\(2, 4\\)"),
         (dict(delta=x, bits=8, feedback=ErrorFeedback(9)), "9 elements, the input 8"),
         (dict(delta=x, bits=8, block=0), "Invalid block size: 0"),
+        (dict(delta=x, bits=4, block=3), "Invalid block size: 3 with bits=4"),
     ):
         with pytest.raises(ValueError, match=match):
             lowbit_average(comm, **kwargs)

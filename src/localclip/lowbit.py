@@ -96,9 +96,13 @@ def _check_bits(bits: int) -> int:
     return bits
 
 
-def _check_block(block: int) -> int:
+def _check_block(block: int, bits: int = 8) -> int:
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"Invalid block size: {block!r} (must be an integer >= 1)")
+    if bits == 4 and block % 2:
+        # int4 packs two codes a byte within a block's row; an odd block would share a byte
+        # between two blocks' codes.
+        raise ValueError(f"Invalid block size: {block!r} with bits=4 (int4 packs two codes a byte: the block must be even)")
     return block
 
 
@@ -379,7 +383,8 @@ def _check_flat(x: torch.Tensor, what: str) -> None:
 def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: torch.Generator | None = None) -> Encoded:
     """Encode the 1-D float32 tensor ``x`` with ``bits`` = 8 or 4 (see the module docstring)."""
     _check_flat(x, "encode input")
-    bits, block = _check_bits(bits), _check_block(block)
+    bits = _check_bits(bits)
+    block = _check_block(block, bits)
     xp = _padded(1, x.numel(), block, x.device)
     xp[0, : x.numel()].copy_(x)
     codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator, decoded=False)
@@ -492,7 +497,8 @@ def start_lowbit_average(
     ``scratch`` belong to the exchange until its :meth:`~LowbitPending.wait` returns.
     """
     _check_flat(delta, "lowbit_average input")
-    bits, block = _check_bits(bits), _check_block(block)
+    bits = _check_bits(bits)
+    block = _check_block(block, bits)
     n, world = delta.numel(), comm.world_size
     if feedback is not None and feedback.residual.shape != delta.shape:
         raise ValueError(f"Error-feedback residual has {feedback.residual.numel()} elements, the input {n}")
