@@ -460,9 +460,11 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     assert (p4.fragments, p4.overlap, p4.overlap_alpha, p4.eval_interval) == (4, 1, 0.0, 0)
     lowbit = ("celgc-I8-int4", "celgc-I8-int4-noef", "celgc-I8-bf16")
     assert [(runs[n].compression, runs[n].error_feedback) for n in lowbit] == [("int4", True), ("int4", False), ("bf16", True)]
-    for name in ("celgc-I8-P4-tau1", *lowbit):  # the same run but for its rounds
+    assert (runs["celgc-I8-P4"].fragments, runs["celgc-I8-P4"].overlap) == (4, 0)
+    assert runs["celgc-I8-P4-tau1-a0.5"].overlap_alpha == 0.5
+    for name in ("celgc-I8-P4-tau1", "celgc-I8-P4", "celgc-I8-P4-tau1-a0.5", *lowbit):  # the same run but for its rounds
         changed = {k for k, v in runs[name].to_dict().items() if v != runs["celgc-I8"].to_dict()[k]}
-        assert changed <= {"fragments", "overlap", "eval_interval", "compression", "error_feedback"}, (name, changed)
+        assert changed <= {"fragments", "overlap", "overlap_alpha", "eval_interval", "compression", "error_feedback"}, (name, changed)
 
 
 def test_regime_report_says_how_often_naive_clips_the_mean_gradient(tmp_path):

@@ -460,13 +460,15 @@ def streaming(epochs: float = 12.0) -> Plan:
 
     Each run is judged against plain CELGC I = 8 (``celgc-I8``, the configuration of the ``fair``
     sweep's: a copy of that run's folder counts as this one) and naive parallel clipping
-    (``naive``, likewise ``fair``'s). ``celgc-I8-P4-tau1`` is validated at the end of each epoch
+    (``naive``, likewise ``fair``'s). The streaming runs are validated at the end of each epoch
     only (the others 4 times an epoch): in the middle of an epoch a streaming run's evaluation
     scores the mean of the workers' live models, a different model from the just-averaged one
     the other runs score there, whereas at an epoch's end every run scores its averaged model.
     Every run's final validation is at the end of its schedule. ``celgc-I8-bf16`` (bf16 rounds) replaces
     the ``converge`` sweep's run of that name, which was made at γ = 5 by code that no longer
-    reproduces it. 6 runs of ``epochs`` epochs.
+    reproduces it. ``celgc-I8-P4`` (fragments, blocking rounds) and ``celgc-I8-P4-tau1-a0.5``
+    (overlap_alpha 0.5) separate what the fragments and the dropped in-flight steps cost. 8 runs
+    of ``epochs`` epochs.
     """
     celgc = dict(algorithm="celgc", period=8, gamma=CELGC_BEST_GAMMA)
     return [
@@ -476,6 +478,10 @@ def streaming(epochs: float = 12.0) -> Plan:
         ("celgc-I8-int4", _converge(epochs, **celgc, compression="int4")),
         ("celgc-I8-int4-noef", _converge(epochs, **celgc, compression="int4", error_feedback=False)),
         ("celgc-I8-bf16", _converge(epochs, **celgc, compression="bf16")),
+        # Which part of a streaming round costs quality: the fragments alone, and the overlap
+        # with half of the local steps taken meanwhile kept (α = 0.5 instead of dropping them).
+        ("celgc-I8-P4", dataclasses.replace(_converge(epochs, **celgc, fragments=4), eval_interval=0)),
+        ("celgc-I8-P4-tau1-a0.5", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1, overlap_alpha=0.5), eval_interval=0)),
     ]
 
 
