@@ -632,10 +632,9 @@ def _seconds(hit: dict | None, per_step: float | None, bandwidth: float, message
         return None
     rounds = hit.get("comm/rounds", 0)
     nbytes = hit.get("comm/bytes", 0) if message is None else rounds * message
-    wire = rounds * LATENCY + nbytes * 8 / bandwidth
     if overlap and rounds:
-        wire = rounds * max(0.0, wire / rounds - overlap * per_step)
-    return hit["step"] * per_step + wire
+        return hit["step"] * per_step + rounds * max(0.0, LATENCY + nbytes * 8 / bandwidth / rounds - overlap * per_step)
+    return hit["step"] * per_step + rounds * LATENCY + nbytes * 8 / bandwidth
 
 
 def _converge_curves(finished: dict, groups: dict[str, list[str]], out: Path, name: str = "converge") -> Path:
