@@ -106,7 +106,7 @@ def main() -> int:
 
     strategy = trainer.strategy
     trainer.save_checkpoint(out)  # on every rank; rank 0 writes, then all wait
-    saved = torch.load(out, map_location="cpu", weights_only=False)["state_dict"]
+    saved = torch.load(out, map_location="cpu", weights_only=True)["state_dict"]
     own = module.state_dict()
     checkpoint_identical = all(torch.equal(saved[k].cpu(), v.cpu()) for k, v in own.items())
 

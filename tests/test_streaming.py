@@ -489,7 +489,7 @@ def test_evaluations_inside_an_epoch_of_a_streaming_run_leave_its_training_untou
     assert all(r["comm/rounds"] == trained[r["step"]] for r in mid if r["step"] in trained)  # no round of its own
     for step in (5, 10, 14):
         for rank in (0, 1):
-            a, b = (torch.load(tmp_path / run / "checkpoints" / f"step-{step}" / f"rank-{rank}.pt", weights_only=False)
+            a, b = (torch.load(tmp_path / run / "checkpoints" / f"step-{step}" / f"rank-{rank}.pt", weights_only=True)
                     for run in ("plain", "evaluated"))
             evaluation_only = {"move_from", "path", "time_compute", "time_comm"}
             assert a.keys() == b.keys() and _same({k: v for k, v in a.items() if k not in evaluation_only},
