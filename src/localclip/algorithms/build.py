@@ -41,7 +41,7 @@ from localclip.outer import OUTER_OPTIMIZERS, OuterSGD
 
 __all__ = [
     "ALGORITHMS", "AlgorithmSpec", "adamw_param_groups", "build_algorithm", "check", "communication_period", "compose",
-    "local_update", "outer_optimizer", "overridden", "resolve", "spec",
+    "local_update", "outer_optimizer", "overridden", "resolve", "spec", "streaming_rounds",
 ]
 
 
@@ -149,12 +149,16 @@ def check(config, bad) -> None:
     if not config.error_feedback and config.compression not in LOWBIT:
         bad("error_feedback", f"false applies to compression={'|'.join(LOWBIT)}, not compression={config.compression}")
     _check_streaming(config, bad)
-    streaming = config.fragments != 1 or config.overlap
-    if config.eval_interval and s.averages_models and not streaming and config.eval_interval % config.period:
+    if config.eval_interval and s.averages_models and not streaming_rounds(config) and config.eval_interval % config.period:
         # Evaluations score the averaged model, which exists only at the end of a period. With
         # streaming rounds no step holds it inside an epoch: they score the mean of the workers'
         # live models (localclip.train.live_mean), at any step.
         bad("eval_interval", f"must be a multiple of period={config.period}")
+
+
+def streaming_rounds(config) -> bool:
+    """Whether ``config``'s rounds stream: fragments on staggered schedules or rounds in flight."""
+    return config.fragments != 1 or config.overlap != 0
 
 
 def _check_streaming(config, bad) -> None:
@@ -165,7 +169,7 @@ def _check_streaming(config, bad) -> None:
                 bad(name, "algorithm=episode's correction needs every worker at the same whole model when a round starts")
     if config.overlap_alpha and not config.overlap:
         bad("overlap_alpha", "merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
-    if config.fragments == 1 and not config.overlap:
+    if not streaming_rounds(config):
         return
     if config.fragments > config.period and spec(config.algorithm).averages_models:
         bad("fragments", f"at most one fragment may start per step: fragments <= period={config.period}")

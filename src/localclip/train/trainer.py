@@ -35,6 +35,7 @@ import torch
 from localclip import rng
 from localclip import devices, interrupt
 from localclip.algorithms import build_algorithm
+from localclip.algorithms.build import streaming_rounds
 from localclip.comm import current
 from localclip.errors import ConfigError, Interrupted, NonFiniteError
 from localclip.provenance import code_version
@@ -92,7 +93,7 @@ class Trainer:
         # Streaming rounds leave the workers at different models inside an epoch: what an
         # evaluation there scores is their mean, made for it alone.
         self.live_mean = LiveMean(self.model, self.comm)
-        self._streaming = self.world_size > 1 and (config.fragments != 1 or config.overlap != 0)
+        self._streaming = self.world_size > 1 and streaming_rounds(config)
         self.metrics = RunMetrics(self.model, self.algorithm, self.comm, self.device, run=self.run, metric=self.workload.metric)
         self.checkpointer = Checkpointer(run_folder, self.comm, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
         self._eval_cache: dict = {}
