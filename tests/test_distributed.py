@@ -11,7 +11,7 @@ from localclip.comm import SimulatedWorld, SingleProcess
 from localclip.errors import CommunicationError
 from localclip.launch import spawn
 
-from workers import chunked_averages, collectives, fail_on_rank, reduce_with_then, stall_rank, tiny_model, train_celgc
+from workers import chunked_averages, collectives, fail_on_rank, reduce_with_then, stall_rank, tiny_model, train_celgc, wrapped_models_refused
 
 JOIN = 120  # seconds: a hang fails the test instead of blocking CI
 
@@ -132,3 +132,14 @@ def test_exit_process_flushes_and_keeps_the_status():
             "distributed.exit_process(3)\nprint('never')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and proc.stdout == "out" and proc.stderr.endswith("err"), proc
+
+
+def test_a_model_wrapped_by_ddp_or_sharded_by_fsdp_is_refused_in_one_line():
+    """DDP would all-reduce the gradients at every backward; FSDP and DTensor parameters leave each rank a shard."""
+    results = spawn(wrapped_models_refused, 2, join_timeout=JOIN, timeout=30)
+    for ddp, fsdp, dtensor, accepted in results:
+        assert ddp.startswith("Invalid module DistributedDataParallel: it is wrapped in DistributedDataParallel") and "ddp.module" in ddp
+        assert "\n" not in ddp and "\n" not in fsdp
+        assert fsdp.startswith("Invalid module FSDPSequential:") and "sharded by FSDP" in fsdp
+        assert dtensor == "Invalid module Sequential: its parameter '0.weight' is a DTensor, not a plain tensor: a round averages whole, unsharded models"
+        assert accepted == 4

@@ -311,3 +311,30 @@ def _step_with_nan(model, alg):
     with torch.no_grad():
         next(model.parameters()).view(-1)[0] = float("nan")
     alg._round_started = alg.averager.step()
+
+
+def wrapped_models_refused():
+    """The refusals of a model wrapped for DDP or sharded by FSDP (run under spawn: both need a group)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from localclip.algorithms import CELGC
+
+    errors = []
+    for wrap in (torch.nn.parallel.DistributedDataParallel, fully_shard):
+        try:
+            CELGC(wrap(tiny_model()), lr=0.5, gamma=0.05, period=4)
+        except ValueError as exc:
+            errors.append(str(exc))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    tp = tiny_model()  # one parameter turned into a DTensor, as tensor parallelism does
+    tp[0].weight = torch.nn.Parameter(distribute_tensor(tp[0].weight.detach(), init_device_mesh("cpu", (2,)), [Replicate()]))
+    try:
+        CELGC(tp, lr=0.5, gamma=0.05, period=4)
+    except ValueError as exc:
+        errors.append(str(exc))
+    # The model inside the DDP wrapper is accepted.
+    ddp = torch.nn.parallel.DistributedDataParallel(tiny_model())
+    errors.append(CELGC(ddp.module, lr=0.5, gamma=0.05, period=4).averager.period)
+    return errors

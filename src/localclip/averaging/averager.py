@@ -23,6 +23,7 @@ from localclip.averaging.optimizer_state import OPTIMIZER_STATE_MODES, sync_opti
 from localclip.averaging.round import DEFAULT_CHUNK_BYTES, OUTER_CHUNK_BYTES, Round
 from localclip.averaging.schedule import Schedule
 from localclip.comm import Communicator, current
+from localclip.comm.distributed import why_not_a_replica
 from localclip.errors import CommunicationError
 from localclip.outer import OuterSGD, TorchOuter, make_outer
 
@@ -146,6 +147,9 @@ class PeriodicAverager:
             raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
         if optimizer_state != "local" and optimizer is None:
             raise ValueError(f"optimizer_state={optimizer_state!r} needs the optimizer")
+        reason = why_not_a_replica(module)
+        if reason is not None:
+            raise ValueError(f"Invalid module {type(module).__name__}: {reason}")
         self.comm = group if group is not None else current()
         if participants is not None and not 1 <= participants <= self.comm.world_size:
             raise ValueError(f"Invalid participants: {participants} (must be in [1, {self.comm.world_size}])")

@@ -32,11 +32,14 @@ import threading
 import torch
 import torch.distributed as dist
 
+if dist.is_available():
+    import torch.distributed.fsdp as fsdp
+
 from localclip.comm import base
 from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, Pending, check_timeout, timeout_error
 from localclip.errors import CommunicationError
 
-__all__ = ["ProcessGroupCommunicator", "init", "shutdown", "is_initialized"]
+__all__ = ["ProcessGroupCommunicator", "init", "shutdown", "is_initialized", "why_not_a_replica"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 # all_gather_into_tensor was renamed all_gather_single (and deprecated) in recent torch releases.
@@ -45,6 +48,25 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def why_not_a_replica(module: torch.nn.Module) -> str | None:
+    """Why ``module`` is not a full replica that localclip can average, or None if it is.
+
+    DistributedDataParallel all-reduces the gradients at every backward (the communication that
+    periodic averaging exists to avoid), and FSDP (``fully_shard`` or FullyShardedDataParallel)
+    leaves each rank a shard of every parameter, while a round averages whole models.
+    """
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        return ("it is wrapped in DistributedDataParallel, which all-reduces the gradients at every backward: "
+                "pass the model inside it (ddp.module), or use localclip.integrations.lightning or .accelerate")
+    sharded = [getattr(fsdp, name) for name in ("FullyShardedDataParallel", "FSDPModule") if hasattr(fsdp, name)] if dist.is_available() else []
+    if any(isinstance(m, tuple(sharded)) for m in module.modules()):
+        return "it is sharded by FSDP, which leaves each rank a slice of every parameter, while a round averages whole models: give each worker the whole model"
+    for name, p in module.named_parameters():
+        if type(p.data) is not torch.Tensor:  # DTensor (tensor parallelism, FSDP) and other tensor subclasses
+            return f"its parameter {name!r} is a {type(p.data).__name__}, not a plain tensor: a round averages whole, unsharded models"
+    return None
 
 
 def init(
