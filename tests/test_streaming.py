@@ -93,6 +93,9 @@ def test_fragments_are_within_one_pth_and_five_percent_of_a_full_round_for_ptb_s
      (dict(period=2, fragments=3), "fragments=3 with period=2"), (dict(period=4, overlap=4), "overlap=4 with period=4"),
      (dict(period=4, overlap=-1), "overlap: -1"), (dict(period=4, overlap=1, overlap_alpha=1.5), "overlap_alpha: 1.5"),
      (dict(period=4, overlap_alpha=0.5), "overlap_alpha=0.5 with overlap=0"),
+     (dict(period=4, overlap_merge="carry"), "overlap_merge='carry' with overlap=0"),
+     (dict(period=4, overlap=1, overlap_alpha=0.5, overlap_merge="carry"), "overlap_merge='carry' with overlap_alpha=0.5"),
+     (dict(period=4, overlap=1, overlap_merge="keep"), "overlap_merge: 'keep'"),
      (dict(period=4, fragments=2, warmup_steps=2), "warmup_steps=2 with fragments=2"),
      (dict(period=4, overlap=1, optimizer_state="reset", optimizer=torch.optim.SGD([torch.zeros(1)], lr=1)), "optimizer_state='reset'"),
      (dict(period=4, fragments=2, outer_optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0)), "with fragments=2: a torch.optim")],
@@ -254,7 +257,9 @@ def test_a_merge_with_alpha_keeps_part_of_the_local_progress():
 @pytest.mark.parametrize(
     "options,save_at",
     [(dict(fragments=2, overlap=1), 6), (dict(fragments=2, overlap=3, outer=(0.7, 0.9, True), compression="bf16"), 6),
-     (dict(overlap=2, participants=1), 5), (dict(fragments=4), 6)],
+     (dict(overlap=2, participants=1), 5), (dict(fragments=4), 6),
+     (dict(fragments=2, overlap=1, overlap_merge="carry"), 6), (dict(overlap=2, participants=1, overlap_merge="carry"), 5),
+     (dict(fragments=2, overlap=3, outer=(0.7, 0.9, True), compression="bf16", overlap_merge="carry"), 6)],
 )
 def test_a_checkpoint_with_a_round_in_flight_resumes_bit_for_bit(options, save_at):
     straight = SimulatedWorld(3).run(_streaming_run, 14, save_at=save_at, **copy.deepcopy(options))
@@ -274,7 +279,9 @@ def test_a_checkpoint_with_a_round_in_flight_resumes_bit_for_bit(options, save_a
     "options,save_at",
     [(dict(overlap=1, compression="int4"), 4),  # saved before the round advanced: the checkpoint finishes its transport
      (dict(fragments=2, overlap=3, outer=(0.7, 0.9, True), compression="int8"), 6),  # one round advanced, one just started
-     (dict(overlap=2, participants=1, overlap_alpha=0.5, compression="int4", error_feedback=False), 5)],
+     (dict(overlap=2, participants=1, overlap_alpha=0.5, compression="int4", error_feedback=False), 5),
+     (dict(overlap=1, compression="int4", overlap_merge="carry"), 4),
+     (dict(fragments=2, overlap=3, outer=(0.7, 0.9, True), compression="int8", overlap_merge="carry"), 6)],
 )
 def test_a_checkpoint_with_a_low_bit_round_in_flight_resumes_bit_for_bit_with_the_residuals(options, save_at):
     """The checkpoint waits for the low-bit round's transport and saves its decoded average
@@ -307,6 +314,84 @@ def test_a_resume_with_other_fragments_or_overlap_is_refused():
                                   r"fragment element ranges None differ from this averager's \[\[0, 114\], \[114, 227\]\]")):
         with pytest.raises(ValueError, match=match):
             _single(period=4, **kwargs).load_state_dict(saved)
+
+
+def _carry_by_hand(steps, period, fragments, overlap):
+    """A carry averager stepped by hand: at each landing, what it made of the live fragment, and
+    ``average(snapshot) + (live − snapshot)`` computed here from the values it sent (float32:
+    each scaled by float32(1/K), summed by the same all-reduce)."""
+    comm = current()
+    model = tiny_model(seed=comm.rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    avg = PeriodicAverager(model, period, fragments=fragments, overlap=overlap, overlap_merge="carry")
+    bounds = avg.fragment_elements
+    inv = torch.full((1,), 1.0 / comm.world_size, dtype=torch.float32)
+    sent, checked = {}, []
+    for t, (x, y) in enumerate(fixed_batches(comm.rank, steps), start=1):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        live = torch.cat([v.clone() for v in avg.flat_buffers])
+        landing = [p for p, (s, _) in sent.items() if s + overlap == t]
+        want = {}
+        for p in landing:
+            (lo, hi), (_, snapshot) = bounds[p], sent.pop(p)
+            mean = snapshot * inv
+            comm.all_reduce([mean])
+            want[p] = mean[lo:hi] + (live[lo:hi] - snapshot[lo:hi])
+        avg.step()
+        after = torch.cat([v.clone() for v in avg.flat_buffers])
+        for p in landing:
+            lo, hi = bounds[p]
+            checked.append((t, p, after[lo:hi], want[p], live[lo:hi]))
+        for flight in avg._in_flight:
+            if flight.started == t:
+                sent[flight.fragment] = (t, live)
+    return checked
+
+
+@pytest.mark.parametrize("fragments,overlap", [(1, 1), (2, 1), (2, 3)])
+def test_a_carry_merge_is_the_average_of_the_snapshot_plus_the_local_progress_since(fragments, overlap):
+    results = SimulatedWorld(3).run(_carry_by_hand, 13, 4, fragments, overlap)
+    assert len(results[0]) >= 3 * fragments - 1
+    for checked in results:
+        for t, p, got, want, live in checked:
+            assert torch.equal(_bits(got), _bits(want)), (t, p)
+            assert not torch.equal(got, live), (t, p)
+    for (t, p, a, _, _), (_, _, b, _, _) in zip(results[0], results[1]):
+        assert not torch.equal(a, b), (t, p)  # each worker kept its own steps
+
+
+def test_a_carry_merge_keeps_the_steps_a_replacing_merge_drops():
+    replaced = SimulatedWorld(2).run(_streaming_run, 6, period=4, overlap=1)
+    carried = SimulatedWorld(2).run(_streaming_run, 6, period=4, overlap=1, overlap_merge="carry")
+    at = [dict((t, x) for t, x, _ in r["after"]) for r in (*replaced, *carried)]
+    assert torch.equal(at[0][4], at[2][4]) and torch.equal(at[1][4], at[3][4])  # the same until the landing
+    assert not torch.equal(at[2][5], at[3][5]) and not torch.equal(at[0][5], at[2][5])
+    assert not any(s for _, _, s in carried[0]["after"])  # never in sync mid-run: each worker keeps its steps
+    assert torch.equal(_bits(carried[0]["final"]), _bits(carried[1]["final"]))  # average() lands and syncs
+
+
+def test_only_a_carry_checkpoint_saves_the_snapshot_of_a_round_in_flight():
+    for merge in ("mix", "carry"):
+        saved = SimulatedWorld(2).run(_streaming_run, 5, save_at=4, period=4, overlap=1, overlap_merge=merge)[0]["saved"]
+        averager = saved["algorithm"]["averager"]
+        (flight,) = averager["in_flight"]
+        assert averager["overlap_merge"] == merge and ("snapshot" in flight) == (merge == "carry")
+        if merge == "carry":
+            model = saved["model"]  # the round started after the step the checkpoint was taken at
+            assert torch.equal(torch.cat(flight["snapshot"]), torch.cat([model[name].reshape(-1) for name in TENSORS]))
+
+
+def test_a_resume_with_another_overlap_merge_is_refused():
+    carry = _single(period=4, overlap=1, overlap_merge="carry").state_dict()
+    mix = _single(period=4, overlap=1).state_dict()
+    old = {k: v for k, v in mix.items() if k != "overlap_merge"}  # written before the option existed
+    with pytest.raises(ValueError, match="Checkpoint overlap_merge=carry differs from this averager's overlap_merge=mix"):
+        _single(period=4, overlap=1).load_state_dict(carry)
+    with pytest.raises(ValueError, match="Checkpoint overlap_merge=mix differs from this averager's overlap_merge=carry"):
+        _single(period=4, overlap=1, overlap_merge="carry").load_state_dict(old)
+    _single(period=4, overlap=1).load_state_dict(old)
 
 
 def test_rounds_send_one_fragment_each_and_every_period_syncs_everything_once():

@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--fragments", type=int, help="streaming rounds: sync the model in this many fragments on staggered schedules, "
                        "each round about 1/P of it (default: 1, the whole model every period)")
     train.add_argument("--overlap", type=int, help="streaming rounds: apply each round this many local steps after it starts, "
-                       "the transport running meanwhile (default: 0, rounds block); the merge: --set overlap_alpha=A")
+                       "the transport running meanwhile (default: 0, rounds block); the merge: --set overlap_alpha=A or --set overlap_merge=carry "
+                       "(keep each worker's steps taken meanwhile)")
     train.add_argument("--data-root", help="an existing folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data, "
                                            "where a missing PTB or WikiText-2 is downloaded on first use)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones (default: refuse them)")

@@ -9,7 +9,7 @@ A run is three independent choices, each implemented (and its allowed values kep
   none (``single``);
 * what a round does with the average: ``outer_optimizer`` (:data:`localclip.outer.OUTER_OPTIMIZERS`,
   built by :func:`outer_optimizer`), ``compression`` (:data:`localclip.averaging.COMPRESSIONS`, applied by the averager;
-  ``error_feedback`` with int8/int4), ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``;
+  ``error_feedback`` with int8/int4), ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``, ``overlap_merge``;
   every compression, int8/int4 included, takes both).
 
 :func:`build_algorithm` composes them through the algorithms' public constructor
@@ -169,6 +169,10 @@ def _check_streaming(config, bad) -> None:
                 bad(name, "algorithm=episode's correction needs every worker at the same whole model when a round starts")
     if config.overlap_alpha and not config.overlap:
         bad("overlap_alpha", "merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
+    if config.overlap_merge == "carry" and not config.overlap:
+        bad("overlap_merge", "carry merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
+    if config.overlap_merge == "carry" and config.overlap_alpha:
+        bad("overlap_merge", f"carry keeps the local progress whole: it needs overlap_alpha=0, not {config.overlap_alpha:g}")
     if not streaming_rounds(config):
         return
     if config.fragments > config.period and spec(config.algorithm).averages_models:
@@ -241,6 +245,7 @@ def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
         if config.compression in LOWBIT:
             options.update(error_feedback=config.error_feedback)
         if config.fragments != 1 or config.overlap:
-            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha)
+            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha,
+                           overlap_merge=config.overlap_merge)
     return compose(config.algorithm, model, local_update(config, model), config.period, group=comm, **options)
 

@@ -86,6 +86,9 @@ class PeriodicAverager:
             of a low-bit round overlaps them, and checkpoints); ``0`` (the default): rounds block.
         overlap_alpha: the merge of a round in flight, ``alpha·local + (1 − alpha)·average``;
             ``0.0`` (the default) replaces the fragment by the average.
+        overlap_merge: ``"mix"`` (the default): the merge above; ``"carry"``: ``average +
+            (local − snapshot)``, each worker keeping its own tau steps (needs ``overlap >= 1``
+            and ``overlap_alpha=0``; see :mod:`.overlap`).
 
     With ``fragments > 1`` or ``overlap > 0`` a scheduled round leaves the workers' models
     different (the other fragments, or the steps taken meanwhile); :meth:`average` first lands
@@ -100,7 +103,9 @@ class PeriodicAverager:
     2-byte send buffer of the same length; for int8/int4, reused round buffers (float32: the
     change, which later holds the average, the encoder's input and the decoded chunks, three
     copies; the codes, about 1/4 (int8) or 1/8 (int4) of a copy, twice) and with error feedback
-    a float32 residual of the same length and one of a 1/world-size shard.
+    a float32 residual of the same length and one of a 1/world-size shard. With ``overlap``,
+    one copy for the rounds' snapshots, and with ``overlap_merge="carry"`` and
+    ``compression="none"`` one more (a float round sums into its snapshot in place).
 
     Attributes:
         rounds: averaging rounds so far.
@@ -128,9 +133,10 @@ class PeriodicAverager:
         fragments: int = 1,
         overlap: int = 0,
         overlap_alpha: float = 0.0,
+        overlap_merge: str = "mix",
     ):
         self.schedule = Schedule(period, warmup_steps, fragments)
-        _overlap.check(overlap, period, overlap_alpha)
+        _overlap.check(overlap, period, overlap_alpha, overlap_merge)
         streaming = fragments != 1 or overlap != 0
         for name, value, off in (("warmup_steps", warmup_steps, 0), ("optimizer_state", optimizer_state, "local")):
             if streaming and value != off:
@@ -176,6 +182,7 @@ class PeriodicAverager:
         if fragments > 1 and outer is not None and not outer.blockwise:
             raise ValueError(f"Invalid outer optimizer {outer!r} with fragments={fragments}: a torch.optim optimizer steps all its parameters at once; use OuterSGD")
         self.fragments, self.overlap, self.overlap_alpha = fragments, overlap, float(overlap_alpha)
+        self.overlap_merge = overlap_merge
         # Streaming rounds run one Round per fragment; this one then only averages buffers (naive).
         self._round = Round(self.comm, self._buckets, participants=participants, participation_seed=participation_seed,
                             skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer,
@@ -189,6 +196,7 @@ class PeriodicAverager:
                     b.wire = _compression.make_wire(b, compression)
         self._split = _fragments.split(self._names, self._buckets, fragments)
         self._in_flight: list[_overlap.InFlight] = []
+        self._origins: list[list[torch.Tensor]] | None = None  # the carry merge's snapshots, per fragment
         if not streaming:
             if outer is not None:
                 outer.bind([b.anchor[: b.n_params] for b in self._buckets if b.n_params])
@@ -215,6 +223,14 @@ class PeriodicAverager:
                             for f, o in zip(self._split, outers)]
             for flying, blocking in zip(self._flying, self._blocking):
                 flying.feedback, flying.scratch = blocking.feedback, blocking.scratch
+            if overlap_merge == "carry":
+                # The landing subtracts the snapshot: a 2-byte or low-bit round leaves it in its own
+                # values until then; a float round scales and sums those in place, so it is kept apart.
+                if compression == "none":
+                    kept = [torch.empty_like(b.values) for b in self._buckets]
+                    self._origins = [[s.values for s in f.slices(self._buckets, kept)] for f in self._split]
+                else:
+                    self._origins = [[b.values for b in r.buckets] for r in self._flying]
 
     # -- the schedule --------------------------------------------------------------------------
 
@@ -333,7 +349,7 @@ class PeriodicAverager:
         if self.comm.world_size == 1:
             return
         flight, sent = _overlap.start(self._flying[p], self._live[p], p, self.rounds, self.schedule.step_count,
-                                      self._collective, self._left_out)
+                                      self._collective, self._left_out, None if self._origins is None else self._origins[p])
         self._in_flight.append(flight)
         self.rounds += 1
         self.bytes_communicated += sent
@@ -342,7 +358,7 @@ class PeriodicAverager:
         p = flight.fragment
         _overlap.land(flight, self._flying[p], self._live[p], self.overlap_alpha, self._collective)
         self._in_flight.remove(flight)
-        if self.overlap_alpha == 0.0:
+        if self.overlap_alpha == 0.0 and self.overlap_merge == "mix":
             self.schedule.synced_at[p] = self.schedule.step_count  # every worker holds the same bits
 
     @torch.no_grad()
@@ -402,6 +418,7 @@ class PeriodicAverager:
             "fragments": self.fragments,
             "fragment_elements": [list(r) for r in self.fragment_elements],
             "overlap": self.overlap,
+            "overlap_merge": self.overlap_merge,
             "synced_at": list(self.schedule.synced_at),
             "in_flight": flying,
             "period": self.period,
@@ -421,8 +438,8 @@ class PeriodicAverager:
         # Every check before any change: a refused checkpoint leaves the averager as it was.
         if state["period"] != self.period:
             raise ValueError(f"Checkpoint period {state['period']} differs from this averager's period {self.period}")
-        for name in ("fragments", "overlap"):
-            saved, ours = state.get(name, 1 if name == "fragments" else 0), getattr(self, name)
+        for name, default in (("fragments", 1), ("overlap", 0), ("overlap_merge", "mix")):
+            saved, ours = state.get(name, default), getattr(self, name)
             if saved != ours:
                 raise ValueError(f"Checkpoint {name}={saved} differs from this averager's {name}={ours}")
         # The per-fragment state (anchors' rounds, momentum, a round in flight, the last syncs)
@@ -463,11 +480,13 @@ class PeriodicAverager:
         self.schedule.last_round_step = state.get("last_round_step", -1)
         if "synced_at" in state:
             self.schedule.synced_at = list(state["synced_at"])
-        self._in_flight = [_overlap.restore(f, self._flying[f["fragment"]], self.comm) for f in state.get("in_flight", [])]
+        self._in_flight = [_overlap.restore(f, self._flying[f["fragment"]], self.comm, None if self._origins is None else self._origins[f["fragment"]])
+                           for f in state.get("in_flight", [])]
 
     def __repr__(self) -> str:
         return (
             f"PeriodicAverager(period={self.period}, numel={self.numel}, world_size={self.comm.world_size}, "
             f"rounds={self.rounds}, compression={self.compression!r}, outer={self.outer!r}"
-            + (f", fragments={self.fragments}, overlap={self.overlap})" if self.fragments != 1 or self.overlap else ")")
+            + (f", fragments={self.fragments}, overlap={self.overlap}" if self.fragments != 1 or self.overlap else "")
+            + (f", overlap_merge={self.overlap_merge!r})" if self.overlap_merge != "mix" else ")")
         )

@@ -407,6 +407,7 @@ def _short(cfg: TrainConfig) -> str:
         text += f" P={r.fragments}"
     if r.overlap:
         text += f" overlap={r.overlap}" + (f" α={r.overlap_alpha:g}" if r.overlap_alpha else "")
+        text += " carry" if r.overlap_merge == "carry" else ""
     if r.max_steps:
         text += f" max_steps={r.max_steps}"
     return text

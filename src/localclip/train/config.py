@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from localclip.algorithms import build as algorithms
 from localclip import devices
-from localclip.averaging import COMPRESSIONS, OPTIMIZER_STATE_MODES
+from localclip.averaging import COMPRESSIONS, OPTIMIZER_STATE_MODES, OVERLAP_MERGES
 from localclip.errors import ConfigError
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
 from localclip.outer import OUTER_OPTIMIZERS
@@ -95,6 +95,9 @@ class TrainConfig:
     later (0: rounds block; else < period)."""
     overlap_alpha: float = 0.0
     """The merge of a round in flight: alpha·local + (1 − alpha)·average (0: take the average)."""
+    overlap_merge: str = "mix"
+    """How a round in flight is merged: ``mix`` (with ``overlap_alpha``, above) or ``carry``:
+    average + (local − snapshot), each worker keeping its steps taken while the round flew."""
 
     # -- schedule --
     epochs: float = 1.0
@@ -236,6 +239,8 @@ class TrainConfig:
             bad("overlap", "must be an integer >= 0 local steps")
         if isinstance(self.overlap_alpha, bool) or not isinstance(self.overlap_alpha, (int, float)) or not 0 <= self.overlap_alpha <= 1:
             bad("overlap_alpha", "must be in [0, 1]")
+        if self.overlap_merge not in OVERLAP_MERGES:
+            bad("overlap_merge", f"expected one of {', '.join(OVERLAP_MERGES)}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
             bad("threads", "must be an integer >= 1, or none for the default")
         if not isinstance(self.model_options, dict):
