@@ -94,7 +94,8 @@ def by_hand(config, model):
         if config.compression in ("int8", "int4"):
             options.update(error_feedback=config.error_feedback)
         if config.fragments != 1 or config.overlap:
-            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha)
+            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha,
+                           overlap_merge=config.overlap_merge)
     gamma = math.inf if config.algorithm == "local-sgd" else config.gamma
     if config.inner_optimizer == "clipped_sgd":
         if cls is NaiveParallelClipping:
@@ -201,13 +202,39 @@ def test_the_streaming_matrix_runs_what_the_library_composition_runs_or_is_refus
         assert not out.exists(), combo
 
 
+def test_the_carry_merge_in_the_streaming_matrix_runs_what_the_library_composition_runs_or_is_refused():
+    """The streaming matrix with ``--set overlap_merge=carry``: accepted only with rounds in flight
+    (overlap 1) of the model-averaging algorithms, where it runs the composition by hand."""
+    accepted, refused = [], []
+    for combo in STREAM_MATRIX:
+        try:
+            accepted.append((combo, train_config([*stream_argv(*combo), "--set", "overlap_merge=carry"])))
+        except ConfigError as exc:
+            refused.append((combo, str(exc)))
+    assert sorted(c for c, _ in accepted) == sorted(c for c, _ in STREAM_ACCEPTED if c[4] == 1)
+    assert all(cfg.overlap_merge == "carry" for _, cfg in accepted)
+    for combo, message in refused:
+        assert message.startswith("Invalid ") and "\n" not in message, (combo, message)
+        assert len([f for f in (*STREAM_FIELDS, "overlap_merge") if f in message]) >= 2, (combo, message)
+    assert any("Invalid overlap_merge: 'carry'" in m and "overlap >= 1" in m for _, m in refused)
+    results = SimulatedWorld(2).run(_both, [cfg for _, cfg in accepted])
+    for rank_results in results:
+        for (combo, _), (built, hand) in zip(accepted, rank_results):
+            assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:] and built[1] > 0, combo
+    for (combo, _), (a, b) in zip(accepted, zip(*results)):
+        assert _same_bits(a[0][0], b[0][0]), combo  # every worker holds the same model after the final average
+
+
 @pytest.mark.parametrize(
     "flags,match",
     [(["--fragments", "0"], "Invalid fragments: 0"), (["--fragments", "9"], "Invalid fragments: 9 .* period=8"),
      (["--overlap", "8"], "Invalid overlap: 8 .* period=8"), (["--overlap", "-1"], "Invalid overlap: -1"),
      (["--overlap", "1", "--set", "overlap_alpha=2"], "Invalid overlap_alpha: 2.0"),
      (["--fragments", "2", "--set", "optimizer_state=average"], "Invalid optimizer_state: 'average' .*fragments=2"),
-     (["--set", "overlap_alpha=0.5"], "Invalid overlap_alpha: 0.5 .*overlap >= 1")],
+     (["--set", "overlap_alpha=0.5"], "Invalid overlap_alpha: 0.5 .*overlap >= 1"),
+     (["--set", "overlap_merge=carry"], "Invalid overlap_merge: 'carry' .*overlap >= 1"),
+     (["--overlap", "1", "--set", "overlap_merge=carry", "--set", "overlap_alpha=0.5"], "Invalid overlap_merge: 'carry' .*overlap_alpha=0, not 0.5"),
+     (["--overlap", "1", "--set", "overlap_merge=keep"], "Invalid overlap_merge: 'keep' .*mix, carry")],
 )
 def test_bad_streaming_values_are_refused_before_a_run_folder(tmp_path, capsys, flags, match):
     import re

@@ -46,6 +46,8 @@ def test_episode_with_outer_nesterov_and_bf16_simulated_equals_gloo():
     (2, dict(period=4, fragments=2, overlap=1, outer=(0.7, 0.9, True), compression="bf16")),
     (2, dict(period=3, overlap=2, overlap_alpha=0.25)),
     (3, dict(period=4, fragments=3, overlap=3, participants=2)),
+    (2, dict(period=4, fragments=2, overlap=1, overlap_merge="carry")),
+    (2, dict(period=4, fragments=2, overlap=1, overlap_merge="carry", compression="int8")),
 ])
 def test_streaming_rounds_simulated_equal_gloo_bit_for_bit(world, kwargs):
     """Rounds in flight over gloo's non-blocking all-reduce (three workers: the rank-ordered sum

@@ -462,9 +462,12 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     assert [(runs[n].compression, runs[n].error_feedback) for n in lowbit] == [("int4", True), ("int4", False), ("bf16", True)]
     assert (runs["celgc-I8-P4"].fragments, runs["celgc-I8-P4"].overlap) == (4, 0)
     assert runs["celgc-I8-P4-tau1-a0.5"].overlap_alpha == 0.5
-    for name in ("celgc-I8-P4-tau1", "celgc-I8-P4", "celgc-I8-P4-tau1-a0.5", *lowbit):  # the same run but for its rounds
+    carry = runs["celgc-I8-P4-tau1-carry"]
+    assert (carry.fragments, carry.overlap, carry.overlap_alpha, carry.overlap_merge, carry.eval_interval) == (4, 1, 0.0, "carry", 0)
+    assert {n: r.overlap_merge for n, r in runs.items() if r.overlap_merge != "mix"} == {"celgc-I8-P4-tau1-carry": "carry"}
+    for name in ("celgc-I8-P4-tau1", "celgc-I8-P4", "celgc-I8-P4-tau1-a0.5", "celgc-I8-P4-tau1-carry", *lowbit):  # the same run but for its rounds
         changed = {k for k, v in runs[name].to_dict().items() if v != runs["celgc-I8"].to_dict()[k]}
-        assert changed <= {"fragments", "overlap", "overlap_alpha", "eval_interval", "compression", "error_feedback"}, (name, changed)
+        assert changed <= {"fragments", "overlap", "overlap_alpha", "overlap_merge", "eval_interval", "compression", "error_feedback"}, (name, changed)
 
 
 def test_regime_report_says_how_often_naive_clips_the_mean_gradient(tmp_path):

@@ -466,9 +466,10 @@ def streaming(epochs: float = 12.0) -> Plan:
     the other runs score there, whereas at an epoch's end every run scores its averaged model.
     Every run's final validation is at the end of its schedule. ``celgc-I8-bf16`` (bf16 rounds) replaces
     the ``converge`` sweep's run of that name, which was made at γ = 5 by code that no longer
-    reproduces it. ``celgc-I8-P4`` (fragments, blocking rounds) and ``celgc-I8-P4-tau1-a0.5``
-    (overlap_alpha 0.5) separate what the fragments and the dropped in-flight steps cost. 8 runs
-    of ``epochs`` epochs.
+    reproduces it. ``celgc-I8-P4`` (fragments, blocking rounds), ``celgc-I8-P4-tau1-a0.5``
+    (overlap_alpha 0.5) and ``celgc-I8-P4-tau1-carry`` (overlap_merge carry: every in-flight step
+    kept) separate what the fragments and the dropped in-flight steps cost. 9 runs of ``epochs``
+    epochs.
     """
     celgc = dict(algorithm="celgc", period=8, gamma=CELGC_BEST_GAMMA)
     return [
@@ -482,6 +483,8 @@ def streaming(epochs: float = 12.0) -> Plan:
         # with half of the local steps taken meanwhile kept (α = 0.5 instead of dropping them).
         ("celgc-I8-P4", dataclasses.replace(_converge(epochs, **celgc, fragments=4), eval_interval=0)),
         ("celgc-I8-P4-tau1-a0.5", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1, overlap_alpha=0.5), eval_interval=0)),
+        # ... and all of them kept: the average of the snapshot plus each worker's own steps since.
+        ("celgc-I8-P4-tau1-carry", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1, overlap_merge="carry"), eval_interval=0)),
     ]
 
 
