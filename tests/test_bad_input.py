@@ -238,3 +238,31 @@ def test_resume_with_another_outer_optimizer_names_both_and_changes_nothing(caps
     code, err = run_cli(capsys, "train", "ptb-small", "--outer-optimizer", "sgd", "--resume", "--out", str(out), *flags)
     assert code == 2 and "outer_optimizer: 'nesterov' in the run, 'sgd' now" in err and "Traceback" not in err
     assert digest(out) == before
+
+
+def test_a_run_folder_in_use_by_another_process_is_refused_and_left_as_it_is(capsys, tmp_path, finished_run):
+    """The folder lock: a second run or resume into a folder that a running process holds."""
+    from localclip.train import RunFolder
+
+    running = tmp_path / "running"
+    shutil.copytree(finished_run, running)
+    before = digest(running)
+    holder = RunFolder(running)
+    holder.claim()  # stands for the process that is running it (flock: another open file description conflicts)
+    try:
+        code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--max-steps", "6", "--resume", "--out", str(running), *SMOKE)
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+        assert f"{running} is in use by another localclip process" in err
+        fresh = tmp_path / "fresh"  # a fresh run whose folder the other process has just made
+        fresh.mkdir()
+        other = RunFolder(fresh)
+        other.claim()
+        code, err = run_cli(capsys, "train", "ptb-small", "--workers", "2", "--max-steps", "3", "--out", str(fresh), *SMOKE)
+        assert code == 2 and "in use by another localclip process" in err and list(fresh.iterdir()) == []
+        other.release()
+    finally:
+        holder.release()
+    assert digest(running) == before
+    # Once the holder has let go, the resume goes on.
+    assert main(["train", "ptb-small", "--workers", "2", "--max-steps", "6", "--resume", "--out", str(running), *SMOKE]) == 0
+    assert json.loads((running / "summary.json").read_text())["steps"] == 6

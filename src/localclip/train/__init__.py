@@ -50,15 +50,18 @@ def run_training(
     _check_corpus(config)
     check_data(config)
     run = RunFolder(out)
-    checkpoints = run.prepare(config_json, resume=resume)
-    run.begin(config_json, resuming=bool(checkpoints))
-    backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
     try:
-        with interrupt.catch():
-            results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout, **backend)
-    except BaseException:
-        run.remove_created()  # a run that failed before its first record leaves no folder behind
-        raise
+        checkpoints = run.prepare(config_json, resume=resume)
+        run.begin(config_json, resuming=bool(checkpoints))
+        backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
+        try:
+            with interrupt.catch():
+                results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout, **backend)
+        except BaseException:
+            run.remove_created()  # a run that failed before its first record leaves no folder behind
+            raise
+    finally:
+        run.release()
     return results[0]
 
 
@@ -106,4 +109,8 @@ def _torchrun_worker(config: TrainConfig, out: str, resume: bool, progress: bool
         raise error
     if failed.item():
         raise RunFolderError(f"rank {comm.rank}: rank 0 could not prepare the run folder {out}")
-    return run_worker(config, out, RunFolder(out).checkpoint_sets(), progress)
+    try:
+        return run_worker(config, out, RunFolder(out).checkpoint_sets(), progress)
+    finally:
+        if comm.rank == 0:
+            run.release()

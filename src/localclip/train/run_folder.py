@@ -10,6 +10,11 @@ Layout::
     RUN/tensorboard/          the same records as TensorBoard events, when tensorboard is installed
     RUN/wandb/                an offline Weights & Biases run, with ``--logger wandb``
 
+While a run (or its resume) is going, the process that started it holds an exclusive lock on the
+folder (``flock`` on the directory itself, so no file is added; released when the process ends,
+however it ends): a second run or resume into the same folder is refused in one line before it
+touches anything, instead of interleaving its records and checkpoints with the first's.
+
 Every file is written to a temporary name and renamed into place, and ``latest.json`` moves only
 after every worker's file of that set exists, so a crash at any moment leaves the previous
 checkpoints intact. The last ``keep`` complete sets are kept, so that one unreadable file costs
@@ -29,6 +34,11 @@ import shutil
 from pathlib import Path
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: folders are not locked
+    fcntl = None
 
 from localclip import jsonio
 from localclip.errors import RunFolderError
@@ -72,6 +82,29 @@ class RunFolder:
         self._metrics = None
         self._sinks: list = []
         self._lines: int | None = None
+        self._lock: int | None = None
+
+    # -- the lock --------------------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Take the folder for this process (a no-op if already held or where there is no flock);
+        raises :class:`RunFolderError` if another process holds it."""
+        if self._lock is not None or fcntl is None:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RunFolderError(f"{self.path} is in use by another localclip process (a run or a sweep writing to it); "
+                                 "wait for it to end, or choose another --out") from None
+        self._lock = fd
+
+    def release(self) -> None:
+        """Let the folder go (the process's end does it too)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     # -- state of the folder -------------------------------------------------------------------
 
@@ -122,6 +155,8 @@ class RunFolder:
         """
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"--out {self.path} is a file, not a run folder; choose another --out")
+        if self.path.is_dir():
+            self.claim()
         if self.started and not resume:
             what = "a finished run (summary.json exists)" if self.finished else "a run"
             extend = "; to continue it with a larger --max-steps/--epochs, pass --resume" if self.finished else "; pass --resume to continue it"
@@ -180,8 +215,12 @@ class RunFolder:
         self.created = [p for p in (*reversed(self.path.parents), self.path) if not p.exists()]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            self.claim()  # before anything is written: of two processes starting the same fresh run, one goes on
             self.checkpoints.mkdir(exist_ok=True)
             atomic_write_text(self.config_path, config_json + "\n")
+        except RunFolderError:
+            self.created = []  # the folder is the other process's
+            raise
         except OSError as exc:
             self.remove_created()
             raise RunFolderError(f"--out {self.path}: cannot write the run folder there ({exc.strerror or exc})") from None
