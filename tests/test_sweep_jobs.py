@@ -456,6 +456,9 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     runs = dict(experiments.plan("streaming"))
     fair = dict(experiments.plan("fair"))
     assert runs["celgc-I8"].to_dict() == fair["celgc-I8"].to_dict() and runs["naive"].to_dict() == fair["naive"].to_dict()
+    assert runs["celgc-I32"].to_dict() == fair["celgc-I32"].to_dict()
+    long = runs["celgc-I32-P4-tau1"]
+    assert {k for k, v in long.to_dict().items() if v != runs["celgc-I32"].to_dict()[k]} == {"fragments", "overlap", "eval_interval"}
     p4 = runs["celgc-I8-P4-tau1"]
     assert (p4.fragments, p4.overlap, p4.overlap_alpha, p4.eval_interval) == (4, 1, 0.0, 0)
     lowbit = ("celgc-I8-int4", "celgc-I8-int4-noef", "celgc-I8-bf16")

@@ -468,8 +468,10 @@ def streaming(epochs: float = 12.0) -> Plan:
     the ``converge`` sweep's run of that name, which was made at γ = 5 by code that no longer
     reproduces it. ``celgc-I8-P4`` (fragments, blocking rounds), ``celgc-I8-P4-tau1-a0.5``
     (overlap_alpha 0.5) and ``celgc-I8-P4-tau1-carry`` (overlap_merge carry: every in-flight step
-    kept) separate what the fragments and the dropped in-flight steps cost. 9 runs of ``epochs``
-    epochs.
+    kept) separate what the fragments and the dropped in-flight steps cost. ``celgc-I32-P4-tau1``
+    against ``celgc-I32`` (``fair``'s, likewise) measures the overlap's cost at a period four times
+    longer, where the steps after a round are one in 32 instead of one in 8. 11 runs of
+    ``epochs`` epochs.
     """
     celgc = dict(algorithm="celgc", period=8, gamma=CELGC_BEST_GAMMA)
     return [
@@ -485,6 +487,9 @@ def streaming(epochs: float = 12.0) -> Plan:
         ("celgc-I8-P4-tau1-a0.5", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1, overlap_alpha=0.5), eval_interval=0)),
         # ... and all of them kept: the average of the snapshot plus each worker's own steps since.
         ("celgc-I8-P4-tau1-carry", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1, overlap_merge="carry"), eval_interval=0)),
+        # The overlap at a longer period: its cost should shrink with the share of steps it touches.
+        ("celgc-I32", _converge(epochs, **{**celgc, "period": 32})),
+        ("celgc-I32-P4-tau1", dataclasses.replace(_converge(epochs, **{**celgc, "period": 32}, fragments=4, overlap=1), eval_interval=0)),
     ]
 
 
