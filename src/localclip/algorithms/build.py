@@ -244,7 +244,7 @@ def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
                        outer_optimizer=outer_optimizer(config), compression=config.compression)
         if config.compression in LOWBIT:
             options.update(error_feedback=config.error_feedback)
-        if config.fragments != 1 or config.overlap:
+        if streaming_rounds(config):
             options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha,
                            overlap_merge=config.overlap_merge)
     return compose(config.algorithm, model, local_update(config, model), config.period, group=comm, **options)
