@@ -126,3 +126,33 @@ def test_streaming_rounds_under_spawn_equal_the_simulation(tmp_path):
     train(tmp_path / "simulate", *streaming)
     train(tmp_path / "spawn", *streaming, "--runtime", "spawn", "--set", "threads=1")
     assert_same_run(tmp_path / "simulate", tmp_path / "spawn")
+
+
+def test_a_rank_ahead_of_rank_0_keeps_its_file_of_the_next_checkpoint(tmp_path, monkeypatch):
+    """Between rounds the workers do not wait for each other: past the barrier of the step-10
+    checkpoint, rank 1 trains step 11 alone and writes its file of the step-11 checkpoint (the
+    budget's end) while rank 0 may still be committing step-10. That commit must not take the
+    newer, unfinished set for an abandoned one and delete it (the resumed sweep's flaky
+    "checkpoint step-11 lacks the files of ranks [1]"). Rank 0 is held here until rank 1's file
+    exists, so the interleaving that load made rare happens every time."""
+    import time
+
+    from localclip.train.run_folder import RunFolder
+
+    commit = RunFolder.commit_checkpoint
+
+    def late_commit(self, step, world_size, **kwargs):
+        if step == 10:
+            deadline = time.monotonic() + 60  # never wait forever, whatever the outcome
+            while not self.checkpoint_file("step-11", 1).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert self.checkpoint_file("step-11", 1).exists(), "rank 1 never got ahead"
+        return commit(self, step, world_size, **kwargs)
+
+    monkeypatch.setattr(RunFolder, "commit_checkpoint", late_commit)
+    out = tmp_path / "run"
+    assert main(["train", "ptb-small", "--workers", "2", "--period", "4", "--set", "checkpoint_interval=2",
+                 "--max-steps", "11", "--out", str(out), *SMOKE]) == 0
+    index = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert [e["dir"] for e in index["checkpoints"]] == ["step-11", "step-10"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["step-10", "step-11"]

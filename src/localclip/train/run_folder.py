@@ -284,6 +284,9 @@ class RunFolder:
 
     def finish(self, summary: dict) -> None:
         self.close()
+        # Every worker is past its last checkpoint (the final averaging waited for all): the
+        # leftovers of an abandoned continuation that the run never passed can go now.
+        self._drop_sets(keep={e["dir"] for e in self.checkpoint_sets()})
         atomic_write_text(self.summary_path, jsonio.dumps(summary, indent=2, sort_keys=True) + "\n")
 
     def close(self) -> None:
@@ -306,8 +309,13 @@ class RunFolder:
 
     def commit_checkpoint(self, step: int, world_size: int, *, name: str | None = None, epochs: float | None = None, keep: int = 2) -> None:
         """Put set ``name`` (every rank's file exists) first in the index, keep the newest
-        ``keep`` sets and delete the rest, sets newer than this one included: after a resume
-        from an older set they belong to the abandoned continuation."""
+        ``keep`` sets and delete the other folders up to this step. Newer index entries are
+        dropped (after a resume from an older set they belong to the abandoned continuation),
+        but newer folders are left on disk: between rounds the workers do not wait for each
+        other, so past the barrier before this commit another rank may already be writing its
+        file of the next set, and deleting that folder would make the next commit find the
+        rank's file missing. A newer leftover is deleted by the first commit that passes its
+        step, or by :meth:`finish`; it is never resumed from, as only the index names sets."""
         name = name or f"step-{step}"
         missing = [r for r in range(world_size) if not self.checkpoint_file(name, r).exists()]
         if missing:
@@ -317,10 +325,16 @@ class RunFolder:
         kept = [entry, *older][:keep]
         index = {"step": step, "world_size": world_size, "dir": name, "checkpoints": kept}
         atomic_write_text(self.checkpoints / "latest.json", json.dumps(index) + "\n")
-        names = {e["dir"] for e in kept}
+        self._drop_sets(keep={e["dir"] for e in kept}, up_to=step)
+
+    def _drop_sets(self, keep: set[str], up_to: int | None = None) -> None:
+        """Delete the set folders not in ``keep`` (only those of step ``up_to`` or earlier, if given)."""
         for old in self.checkpoints.glob("step-*"):
-            if old.name not in names:
-                shutil.rmtree(old, ignore_errors=True)
+            if old.name in keep:
+                continue
+            if up_to is not None and _step_of(old.name) > up_to:
+                continue  # perhaps being written right now by a rank that went on (see commit_checkpoint)
+            shutil.rmtree(old, ignore_errors=True)
 
     def load_worker_checkpoint(self, name: str, rank: int) -> dict:
         path = self.checkpoint_file(name, rank)
@@ -330,6 +344,15 @@ class RunFolder:
             raise RunFolderError(f"rank {rank}: checkpoint file {path} is missing") from None
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
             raise RunFolderError(f"rank {rank}: cannot read checkpoint {path}: {exc}") from exc
+
+
+def _step_of(name: str) -> float:
+    """The step of a set folder ``step-S`` or ``step-S-epoch-E`` (infinity for another name:
+    never taken for an old set)."""
+    try:
+        return int(name.split("-")[1])
+    except (IndexError, ValueError):
+        return float("inf")
 
 
 def _config_defaults() -> dict:
