@@ -527,6 +527,7 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
             level_hit = _first(data["val"], "val/ppl", level, True) if level is not None else None
             for link, bandwidth in LINKS.items():
                 row[f"s to naive{_level(factor)} {link}"] = _seconds(level_hit, per_step, bandwidth, message, overlap)
+                row[f"s to naive{_level(factor)} {link}, own size"] = _seconds(level_hit, per_step, bandwidth, None, overlap)
     for row in rows:
         for link in LINKS:
             col = f"s to target {link}, 97 MB"
@@ -544,6 +545,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
     converse += [f"naive/this to it {link}, 97 MB" for link in LINKS]
     levels = ["run", "baseline", "target val/ppl"]
     levels += [f"s to naive{_level(factor)} {link}" for factor in QUALITY_LEVELS for link in LINKS]
+    own_levels = ["run", "baseline", "target val/ppl"]
+    own_levels += [f"s to naive{_level(factor)} {link}, own size" for factor in QUALITY_LEVELS for link in LINKS]
     note = (
         ("diverged at step: the run stopped at the validation that found its model diverged (stop_on_divergence); "
          "its epochs and steps are where it stopped. " if stopped else "")
@@ -564,10 +567,12 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         "final val/ppl, and when its naive baseline first reaches that value (97 MB rounds). "
         "Time to each quality level: the same modelled seconds (97 MB rounds) to the first validation within "
         + ", ".join(f"{100 * (f - 1):g} %" for f in QUALITY_LEVELS if f > 1)
-        + " of the baseline's final val/ppl, and to that value itself (naive+0 %)."
+        + " of the baseline's final val/ppl, and to that value itself (naive+0 %); the same again with each round "
+        "carrying this model's own message (the bytes the run sent), where compute weighs more against the link."
     )
     tables = [("Runs", main), ("Time to the naive baseline's final perplexity", timing),
-              ("Time to this run's final perplexity", converse), ("Time to each quality level, 97 MB rounds", levels)]
+              ("Time to this run's final perplexity", converse), ("Time to each quality level, 97 MB rounds", levels),
+              ("Time to each quality level, this model's rounds", own_levels)]
     seeds = _seed_families(rows, finished)
     return {"per_step_compute": per_step, "seeds": seeds}, tables, note + _seed_markdown(seeds)
 
