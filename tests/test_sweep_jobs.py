@@ -450,6 +450,8 @@ def test_speedup_converge_report_counts_steps_to_each_target(tmp_path):
     assert four["steps to 125"] == 50 and four["speed-up to 125"] == 4.0 and four["steps to 120"] is None
     assert four["speed-up to 120"] is None and four["val/ppl epoch 3"] == 122 and one["val/ppl epoch 1"] == 200
     assert "| speed-up to 125 |" in (folder / "summary.md").read_text()
+    if result["figure_note"] is None:  # matplotlib is there: the steps figure is drawn and linked
+        assert (folder / "speedup.png").stat().st_size > 0 and "](speedup.png)" in (folder / "summary.md").read_text()
 
 
 def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():

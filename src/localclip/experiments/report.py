@@ -210,6 +210,8 @@ def report(
             result["figure"] = str(figure_path) if "" in groups or "main runs" in groups else None
             if kind == "converge":
                 result["curves"] = str(_converge_curves(finished, groups, folder / "curves.png", name))
+            if kind == "speedup-converge":
+                result["speedup_curves"] = str(_speedup_curves(finished, folder / "speedup.png", name))
         except LocalclipError as exc:  # the tables are still worth having
             result["figure_error"] = str(exc)
     if any(mechanism.has_statistics(data) for data in finished.values()):
@@ -680,6 +682,57 @@ def _converge_curves(finished: dict, groups: dict[str, list[str]], out: Path, na
     return save_figure(fig, out)
 
 
+def _speedup_curves(finished: dict, out: Path, name: str) -> Path:
+    """speedup-converge: validation perplexity against local steps per worker (log scale, where
+    linear speed-up puts 2N workers' curve at half N workers' steps) with the targets of
+    ``SPEEDUP_TARGETS`` drawn in, and against epochs (equal samples for every N)."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from localclip.experiments.plans import SPEEDUP_TARGETS
+
+    fig, (by_step, by_epoch) = plt.subplots(1, 2, figsize=(15, 5.2), constrained_layout=True)
+    finite = []
+    for run, data in sorted(finished.items(), key=lambda item: item[1]["config"].get("workers") or 0):
+        vals = [r for r in _vals(data) if _good(r["val/ppl"])]
+        if not vals:
+            continue
+        label = f"N = {data['config'].get('workers')} ({run})"
+        y = [r["val/ppl"] for r in vals]
+        finite += y
+        line, = by_step.plot([r["step"] for r in vals], y, label=label, linewidth=1.2)
+        by_epoch.plot([r["epoch"] for r in vals], y, label=label, linewidth=1.2, color=line.get_color())
+    for target in SPEEDUP_TARGETS:
+        by_step.axhline(target, color="0.4", linestyle=":", linewidth=1.0)
+        by_step.annotate(f"target {target:g}", (0.01, target), xycoords=("axes fraction", "data"), va="bottom",
+                         fontsize="x-small", color="0.3")
+    for ax in (by_step, by_epoch):
+        if finite:
+            low = min(finite + list(SPEEDUP_TARGETS))
+            ax.set_ylim(low * 0.97, min(max(finite), 2.0 * low) * 1.02)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_ylabel("validation perplexity (log scale)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize="small")
+    by_step.set_xscale("log")
+    by_step.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    by_step.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+    by_step.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    by_step.set_xlabel("local steps per worker (log scale)")
+    by_step.set_title("against steps: linear speed-up halves the steps when N doubles")
+    by_epoch.set_xlabel("epochs (passes over the training set: equal samples for every N)")
+    by_epoch.set_title("against samples")
+    fig.suptitle(f"sweep {name}: validation perplexity (values above 2x the lowest leave the top)", fontsize="medium")
+    from localclip.plot import save_figure
+
+    return save_figure(fig, out)
+
+
 def _markdown(name: str, rows: list[dict], tables: list[tuple[str, list[str]]], unfinished: list[str], notes: list[str], result: dict) -> str:
     lines = [f"# Sweep `{name}`", ""]
     doc = (SWEEPS[name].__doc__ or "").strip().splitlines()
@@ -704,6 +757,8 @@ def _markdown(name: str, rows: list[dict], tables: list[tuple[str, list[str]]], 
         lines += ["", f"![{group or 'runs'}]({path})"]
     if result.get("curves"):
         lines += ["", "![validation perplexity per epoch](curves.png)"]
+    if result.get("speedup_curves"):
+        lines += ["", "![validation perplexity against local steps per worker, and per epoch](speedup.png)"]
     if result.get("mechanism"):
         lines += ["", "Per epoch: gradient norms, clip fractions, step lengths and how far the averaged model moved "
                   "(`mechanism.csv`; see `localclip.experiments.mechanism`).", "", "![mechanism](mechanism.png)"]
