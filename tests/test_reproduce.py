@@ -11,16 +11,26 @@ from test_train import SHARED, SMOKE
 pytestmark = pytest.mark.skipif(not (SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 
 
-def test_check_reruns_the_first_interval_and_catches_a_changed_number(tmp_path, capsys):
+def test_check_reruns_up_to_the_first_round_and_catches_a_changed_number(tmp_path, capsys):
     sweep = tmp_path / "sweeps" / "mine"
     for name, algorithm in (("celgc", "celgc"), ("naive", "naive")):
-        period = [] if algorithm == "naive" else ["--period", "2"]  # naive's period is 1: giving another is refused
-        assert main(["train", "ptb-small", *SMOKE, "--algorithm", algorithm, "--workers", "2", *period, "--max-steps", "6",
+        period = [] if algorithm == "naive" else ["--period", "4"]  # naive's period is 1: giving another is refused
+        assert main(["train", "ptb-small", *SMOKE, "--algorithm", algorithm, "--workers", "2", *period, "--max-steps", "9",
                      "--set", "threads=1", "--out", str(sweep / name)]) == 0
     capsys.readouterr()
     assert main(["report", "mine", "--root", str(tmp_path / "sweeps"), "--check", "--data-root", str(SHARED)]) == 0
     out = capsys.readouterr().out
     assert out.count(": same (made by ") == 2 and "2 of 2 runs reproduced" in out
+    # Logged every 3 steps: naive averages from step 1, so its first record is checked; CELGC's
+    # first round is at step 4, so the record of steps 4-6 is, and what a round computes with it.
+    assert "celgc                        steps 1-6:" in out and "naive                        steps 1-3:" in out
+    metrics = sweep / "celgc" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    after_round = next(r for r in records if r.get("step") == 6 and "train/loss" in r)
+    after_round["train/loss"] *= 1 + 1e-5
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", "mine", "--root", str(tmp_path / "sweeps"), "--check", "--only", "celgc", "--data-root", str(SHARED)]) == 1
+    assert "0 of 1 runs reproduced; differ: celgc" in capsys.readouterr().out
 
     # A committed number that today's code does not produce is reported, and the check fails.
     metrics = sweep / "naive" / "metrics.jsonl"

@@ -157,8 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     report_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
     report_cmd.add_argument("--loss-target", type=_positive_float("--loss-target"), help="speedup: training-loss target (default: the worst final one)")
     report_cmd.add_argument("--ppl-target", type=_positive_float("--ppl-target"), help="speedup: validation-perplexity target (default: the worst final one)")
-    report_cmd.add_argument("--check", action="store_true", help="instead of the tables: rerun each finished run's first logged interval with "
-                            "today's code and compare its training loss with the committed one (exit 1 if any differs by more than 1e-6 relative)")
+    report_cmd.add_argument("--check", action="store_true", help="instead of the tables: rerun each finished run up to its first logged interval after a "
+                            "round with today's code and compare that interval's training loss with the committed one (exit 1 if any differs "
+                            "by more than 1e-6 relative)")
     report_cmd.add_argument("--only", nargs="+", metavar="RUN", help="--check: only these runs")
     report_cmd.add_argument("--data-root", help="--check: the corpora's folder (default: each run's own)")
     theory = sub.add_parser("theory", help="the theory check: CELGC on a synthetic (L0, L1)-smooth problem (about a minute)")

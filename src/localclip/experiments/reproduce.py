@@ -1,9 +1,11 @@
-"""Whether today's code still produces a committed run: its first logged interval, rerun.
+"""Whether today's code still produces a committed run: its steps up to its first round, rerun.
 
 A table's numbers are only as good as the code that can make them again. :func:`check_sweep`
-reruns every finished run of a sweep folder from its own ``config.json`` for the steps of its
-first ``metrics.jsonl`` training record, in a temporary folder, and compares that record's
-training loss with the committed one. Runs whose config pins one intra-op thread per worker (every
+reruns every finished run of a sweep folder from its own ``config.json``, in a temporary folder,
+for the steps of its first ``metrics.jsonl`` training record that comes after a round (the first
+record of all for a run that never communicates), and compares that record's training loss with
+the committed one. The first record alone would not do: at a period longer than the logging
+interval it is made before any round, so a change to what a round computes would pass unseen. Runs whose config pins one intra-op thread per worker (every
 sweep's) are deterministic, so a relative difference above :data:`TOLERANCE` means the code now
 computes something else than when the run was made. ``localclip report NAME --check`` prints one
 line per run and fails if any run differs.
@@ -21,41 +23,49 @@ from localclip.errors import LocalclipError
 
 __all__ = ["TOLERANCE", "check_run", "check_sweep"]
 
-#: The largest relative difference of the first interval's training loss that counts as the same.
+#: The largest relative difference of the checked interval's training loss that counts as the same.
 TOLERANCE = 1e-6
 
 
-def _first_train_record(folder: Path) -> dict | None:
+def _train_records(folder: Path) -> list[dict]:
     path = folder / "metrics.jsonl"
+    records = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
         if "train/loss" in record:
-            return record
-    return None
+            records.append(record)
+    return records
+
+
+def _checked_record(records: list[dict]) -> dict | None:
+    """The first training record whose interval saw a round (``comm/rounds`` at least 1), or the
+    first record where no record did (one worker, or a run stopped before its first round)."""
+    return next((r for r in records if (r.get("comm/rounds") or 0) >= 1), records[0] if records else None)
 
 
 def check_run(folder: Path, data_root: str | None = None) -> dict:
-    """Rerun ``folder``'s first logged interval; return ``{"run", "steps", "committed", "now",
-    "relative", "same", "commit"}`` (``commit``: the code version that made the run, if recorded)."""
+    """Rerun ``folder`` up to its checked record (:func:`_checked_record`); return ``{"run",
+    "steps", "committed", "now", "relative", "same", "commit"}`` (``commit``: the code version
+    that made the run, if recorded)."""
     from localclip.train import RunFolder, run_training
 
     config, provenance = RunFolder(folder).read_config()
     provenance = provenance or {}
-    first = _first_train_record(folder)
+    first = _checked_record(_train_records(folder))
     if first is None:
         raise LocalclipError(f"{folder}: no training record in metrics.jsonl to check against")
     # Only the budget, the evaluation's length and where the data lies change: none of them moves
-    # a training number of the first interval.
+    # a training number up to the checked step.
     config = dataclasses.replace(
         config, max_steps=int(first["step"]), eval_tokens=2000, loggers=[], data_root=data_root or config.data_root,
         stop_on_divergence=False,
     )
     with tempfile.TemporaryDirectory(prefix="localclip-check-") as tmp:
         run_training(config, Path(tmp) / "run", progress=False)
-        now = _first_train_record(Path(tmp) / "run")
+        now = next((r for r in _train_records(Path(tmp) / "run") if r["step"] == first["step"]), None)
     committed, again = first["train/loss"], now["train/loss"] if now else math.nan
     relative = abs(again - committed) / abs(committed) if committed else abs(again)
     return {
