@@ -5,9 +5,10 @@ reruns every finished run of a sweep folder from its own ``config.json``, in a t
 for the steps of its first ``metrics.jsonl`` training record that comes after a round (the first
 record of all for a run that never communicates), and compares that record's training loss with
 the committed one. The first record alone would not do: at a period longer than the logging
-interval it is made before any round, so a change to what a round computes would pass unseen. Runs whose config pins one intra-op thread per worker (every
-sweep's) are deterministic, so a relative difference above :data:`TOLERANCE` means the code now
-computes something else than when the run was made. ``localclip report NAME --check`` prints one
+interval it is made before any round, so a change to what a round computes would pass unseen.
+Runs whose config pins one intra-op thread per worker (every sweep's) are deterministic, so a
+relative difference above :data:`TOLERANCE` means the code now computes something else than
+when the run was made. ``localclip report NAME --check`` prints one
 line per run and fails if any run differs.
 """
 
