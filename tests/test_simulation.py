@@ -87,6 +87,17 @@ def test_a_worker_that_never_arrives_fails_the_others_within_the_timeout():
     assert time.perf_counter() - start < 3.5
 
 
+def test_workers_that_compute_in_turn_do_not_time_out_while_each_arrives_within_it():
+    # One compute slot, four workers: the first to reach the barrier waits for three 0.6 s turns
+    # (1.8 s, past the 1 s timeout), but some worker arrives every 0.6 s, so none is stuck.
+    def worker():
+        time.sleep(0.6)  # computing, holding the only slot
+        current().barrier()
+        return current().rank
+
+    assert SimulatedWorld(4, timeout=1.0, max_running=1).run(worker) == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("bad", [0, -2, True, 1.5])
 def test_bad_world_sizes_are_refused(bad):
     with pytest.raises(ValueError, match="Invalid world size"):

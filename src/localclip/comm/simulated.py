@@ -20,7 +20,10 @@ arrive reduces them in rank order and releases the others. So
   :mod:`localclip.comm.distributed` adds them over gloo, so both runtimes give the same bits;
 * a worker that raises, leaves early or calls a different collective releases the others with
   a :class:`~localclip.errors.CommunicationError` naming it, and a worker that does not arrive
-  fails the others after the world's ``timeout``, as a dead process would.
+  fails the others once no worker has arrived at any collective for the world's ``timeout``, as
+  a dead process would. The clock restarts at every arrival because with fewer compute slots
+  than workers the workers compute a period in turn: the first to reach a round waits for the
+  others' whole periods, N - 1 times what a process waits, though every one of them is alive.
 
 Randomness: localclip's workers draw only from their own ``torch.Generator`` (see
 :mod:`localclip.rng`), so results do not depend on how the threads interleave. torch's, NumPy's
@@ -71,7 +74,8 @@ class SimulatedWorld:
 
     Args:
         world_size: number of workers, at least 1.
-        timeout: seconds a worker waits in a collective for the others (concurrent mode).
+        timeout: seconds a worker waits in a collective while no worker arrives at any
+            collective (concurrent mode).
         concurrent: run the workers at once (default) or take turns (``False``: for worker code
             that draws from the global random generators).
         threads_per_worker: intra-op threads of each worker thread in concurrent mode (default:
@@ -112,6 +116,7 @@ class SimulatedWorld:
         self._failure: tuple[int, BaseException] | None = None
         self._slots: threading.Semaphore | None = None
         self._running = [False] * self.world_size  # which workers hold a compute slot
+        self._last_arrival = time.monotonic()  # the timeout counts from here (concurrent mode)
         self._waiting_on: list[_Collective | None] = [None] * self.world_size  # turn-taking
 
     def communicator(self, rank: int) -> "SimulatedCommunicator":
@@ -278,6 +283,7 @@ class SimulatedWorld:
                     f"rank {first} called {coll.kind} on {coll.shapes}"
                 )
             coll.arrived[rank] = tensors
+            self._last_arrival = time.monotonic()
             gone = [r for r in range(self.world_size) if self._finished[r] and r not in coll.arrived]
             if gone:
                 # A peer that has returned will never arrive: fail now, not after the timeout.
@@ -303,7 +309,8 @@ class SimulatedWorld:
 
     def await_(self, rank: int, seq: int, coll: _Collective, clock: Callable[[], float] = time.perf_counter) -> float:
         """Block until collective ``seq`` (which ``rank`` has arrived at) is complete; returns the
-        seconds (of ``clock``) spent waiting. Concurrent: bounded by the timeout from this call.
+        seconds (of ``clock``) spent waiting. Concurrent: fails once no worker has arrived at any
+        collective for the timeout.
         Turn-taking: hands the baton to the next worker that can run."""
         if coll.done:
             return 0.0
@@ -323,13 +330,12 @@ class SimulatedWorld:
         return clock() - start
 
     def _wait_concurrent(self, rank: int, seq: int, coll: _Collective) -> None:
-        deadline = time.monotonic() + self.timeout
         self._give_slot(rank)  # a waiting worker lets another compute
         try:
             with self._cond:
                 while not coll.done:
                     self._check_failure()
-                    left = deadline - time.monotonic()
+                    left = self._last_arrival + self.timeout - time.monotonic()
                     if left <= 0:
                         missing = sorted(set(range(self.world_size)) - set(coll.arrived))
                         raise CommunicationError(
