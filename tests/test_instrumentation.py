@@ -87,6 +87,7 @@ def test_runs_record_the_code_that_made_them(tmp_path):
         assert record["torch"] == torch.__version__
         assert re.fullmatch(r"[0-9a-f]{40}", record["commit"] or ""), record
         assert isinstance(record["dirty"], bool)
+        assert record["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and record["cpu"]
     # A resume under another code version is allowed (the version is recorded, not compared).
     config["provenance"]["commit"] = "0" * 40
     (out / "config.json").write_text(json.dumps(config))

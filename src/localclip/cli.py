@@ -367,6 +367,11 @@ def _report(args) -> int:
         results = check_sweep(Path(args.root) / args.name, only=args.only, data_root=args.data_root, echo=lambda line: print(line, flush=True))
         differ = [r["run"] for r in results if not r["same"]]
         print(f"{len(results) - len(differ)} of {len(results)} runs reproduced" + (f"; differ: {', '.join(differ)}" if differ else ""))
+        elsewhere = [r["run"] for r in results if not r["same"] and r["other_cpu"]]
+        if elsewhere:
+            print(f"{', '.join(elsewhere)}: made on another CPU, or one not recorded; MKL and ATen pick their kernels "
+                  "by instruction set, so rerun on that CPU type (or compare with MKL_CBWR=COMPATIBLE set for both) "
+                  "before blaming the code")
         return 1 if differ else 0
     result = report(args.name, args.root, loss_target=args.loss_target, ppl_target=args.ppl_target)
     print(Path(result["markdown"]).read_text(), end="")

@@ -8,8 +8,10 @@ the committed one. The first record alone would not do: at a period longer than 
 interval it is made before any round, so a change to what a round computes would pass unseen.
 Runs whose config pins one intra-op thread per worker (every sweep's) are deterministic, so a
 relative difference above :data:`TOLERANCE` means the code now computes something else than
-when the run was made. ``localclip report NAME --check`` prints one
-line per run and fails if any run differs.
+when the run was made, or that another CPU computed it: MKL and ATen pick their kernels by
+instruction set (:mod:`localclip.provenance`), so each line names the CPU that made the run where
+it was recorded, and the one rerunning it when it is another. ``localclip report NAME --check``
+prints one line per run and fails if any run differs.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def _checked_record(records: list[dict]) -> dict | None:
 
 def check_run(folder: Path, data_root: str | None = None) -> dict:
     """Rerun ``folder`` up to its checked record (:func:`_checked_record`); return ``{"run",
-    "steps", "committed", "now", "relative", "same", "commit"}`` (``commit``: the code version
-    that made the run, if recorded)."""
+    "steps", "committed", "now", "relative", "same", "commit", "cpu", "other_cpu"}`` (``commit``
+    and ``cpu``: the code version and the CPU kernels that made the run, if recorded;
+    ``other_cpu``: this machine's, if the run records none or another)."""
+    from localclip.provenance import code_version
     from localclip.train import RunFolder, run_training
 
     config, provenance = RunFolder(folder).read_config()
@@ -69,10 +73,19 @@ def check_run(folder: Path, data_root: str | None = None) -> dict:
         now = next((r for r in _train_records(Path(tmp) / "run") if r["step"] == first["step"]), None)
     committed, again = first["train/loss"], now["train/loss"] if now else math.nan
     relative = abs(again - committed) / abs(committed) if committed else abs(again)
+    cpu, here = _cpu(provenance), _cpu(code_version())
     return {
         "run": folder.name, "steps": int(first["step"]), "committed": committed, "now": again, "relative": relative,
-        "same": relative <= TOLERANCE, "commit": provenance.get("commit"),
+        "same": relative <= TOLERANCE, "commit": provenance.get("commit"), "cpu": cpu, "other_cpu": here if cpu != here else None,
     }
+
+
+def _cpu(provenance: dict) -> str | None:
+    """The CPU and kernel choice a provenance record names (None: not recorded)."""
+    if not provenance.get("cpu_capability"):
+        return None
+    cbwr = f", MKL_CBWR={provenance['mkl_cbwr']}" if provenance.get("mkl_cbwr") else ""
+    return f"{provenance.get('cpu') or 'unknown CPU'}, {provenance['cpu_capability']}{cbwr}"
 
 
 def check_sweep(folder: Path, only: list[str] | None = None, data_root: str | None = None, echo=print) -> list[dict]:
@@ -89,6 +102,8 @@ def check_sweep(folder: Path, only: list[str] | None = None, data_root: str | No
     for path in runs:
         result = check_run(path, data_root)
         made = f" (made by {result['commit'][:10]})" if result["commit"] else " (code version not recorded)"
+        if result["other_cpu"]:
+            made += f" [made on {result['cpu'] or 'a CPU not recorded'}; rerun on {result['other_cpu']}]"
         verdict = "same" if result["same"] else "DIFFERS"
         echo(f"{result['run']:28s} steps 1-{result['steps']}: train/loss {result['committed']:.10g} committed, "
              f"{result['now']:.10g} now, relative {result['relative']:.1e}: {verdict}{made}")
