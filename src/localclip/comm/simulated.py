@@ -23,7 +23,8 @@ arrive reduces them in rank order and releases the others. So
   fails the others once no worker has arrived at any collective for the world's ``timeout``, as
   a dead process would. The clock restarts at every arrival because with fewer compute slots
   than workers the workers compute a period in turn: the first to reach a round waits for the
-  others' whole periods, N - 1 times what a process waits, though every one of them is alive.
+  others compute their whole periods one after another (a process waits only for the slowest
+  peer's lag), though every one of them is alive.
 
 Randomness: localclip's workers draw only from their own ``torch.Generator`` (see
 :mod:`localclip.rng`), so results do not depend on how the threads interleave. torch's, NumPy's
