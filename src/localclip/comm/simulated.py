@@ -22,7 +22,7 @@ arrive reduces them in rank order and releases the others. So
   a :class:`~localclip.errors.CommunicationError` naming it, and a worker that does not arrive
   fails the others once no worker has arrived at any collective for the world's ``timeout``, as
   a dead process would. The clock restarts at every arrival because with fewer compute slots
-  than workers the workers compute a period in turn: the first to reach a round waits for the
+  than workers the workers compute a period in turn: the first to reach a round waits while the
   others compute their whole periods one after another (a process waits only for the slowest
   peer's lag), though every one of them is alive.
 
