@@ -71,7 +71,9 @@ def test_a_missing_peer_fails_the_wait_naming_the_rank_and_timeout_over_gloo(wor
 def test_a_missing_peer_fails_the_wait_naming_the_rank_and_timeout_simulated():
     start = time.perf_counter()
     with pytest.raises(CommunicationError, match=r"rank 0: .*within the 1s collective timeout: ranks \[1\] did not arrive"):
-        SimulatedWorld(2, timeout=1.0).run(stall_nonblocking, seconds=3.0)
+        # Both compute at once even where torch has one thread: rank 0 must reach its wait
+        # while rank 1 sleeps, or rank 1's end is reported instead of the timeout.
+        SimulatedWorld(2, timeout=1.0, max_running=2).run(stall_nonblocking, seconds=3.0)
     assert time.perf_counter() - start < 3.5
 
 
