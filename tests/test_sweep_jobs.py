@@ -409,10 +409,6 @@ def test_fair_and_wt2_sweeps_run_each_side_at_its_tuned_gamma():
     assert {periods[n] for n in ("celgc-I8", "celgc-I32", "celgc-I256", "celgc-I1024")} == {8, 32, 256, 1024}
     assert all(fair[n].gamma == CELGC_BEST_GAMMA for n in periods)
     assert fair["naive-s2"].seed == fair["celgc-I32-s2"].seed != fair["naive"].seed
-    # The second-seed runs differ from their first-seed twins in the seed alone.
-    for name in ("naive", "celgc-I32", "celgc-I8", "celgc-I256"):
-        twin = {**fair[name].to_dict(), "seed": fair["naive-s2"].seed}
-        assert fair[f"{name}-s2"].to_dict() == twin, name
     assert fair["celgc-I16-K4"].participants == 4 and fair["celgc-I32-24ep"].epochs == 2 * fair["naive"].epochs
     mom = [(fair[n].lr, fair[n].gamma, fair[n].momentum) for n in ("naive-mom0.9", "celgc-I4-mom0.9")]
     assert mom[0] == mom[1] == (2.0, 0.5, 0.9)

@@ -415,8 +415,6 @@ def fair(epochs: float = 12.0) -> Plan:
       0.25), the η of the ``momentum-probe`` sweep at which both sides did best.
     * ``celgc-I32-24ep``: what a user pays at equal time: CELGC I = 32 for twice the epochs (the
       same schedule shape, stretched), against ``naive``.
-    * ``celgc-I8-s2``, ``celgc-I256-s2``: two more periods with the second seed, against
-      ``naive-s2``.
 
     4 validations per epoch.
     """
@@ -437,8 +435,6 @@ def fair(epochs: float = 12.0) -> Plan:
         ("naive-mom0.9", _converge(epochs, algorithm="naive", period=1, **mom)),
         ("celgc-I4-mom0.9", _converge(epochs, algorithm="celgc", period=4, **mom)),
         ("celgc-I32-24ep", _converge(2 * epochs, period=32, **celgc)),
-        ("celgc-I8-s2", _converge(epochs, period=8, seed=seed2, **celgc)),
-        ("celgc-I256-s2", _converge(epochs, period=256, seed=seed2, **celgc)),
     ]
 
 
