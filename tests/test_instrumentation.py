@@ -78,7 +78,7 @@ def test_evaluations_record_how_far_the_averaged_model_moved(tmp_path):
         assert r["move/efficiency"] == pytest.approx(r["move/displacement"] / r["move/path"])
 
 
-def test_runs_record_the_code_that_made_them(tmp_path):
+def test_runs_record_the_code_that_made_them(tmp_path, capsys):
     out, _, summary = run(tmp_path, "celgc", "--algorithm", "celgc")
     config = json.loads((out / "config.json").read_text())
     for record in (config["provenance"], summary["provenance"]):
@@ -88,12 +88,22 @@ def test_runs_record_the_code_that_made_them(tmp_path):
         assert re.fullmatch(r"[0-9a-f]{40}", record["commit"] or ""), record
         assert isinstance(record["dirty"], bool)
         assert record["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and record["cpu"]
-    # A resume under another code version is allowed (the version is recorded, not compared).
+    # A run is made by one code version: a resume under another commit is refused, touching nothing.
+    resume = ["train", "ptb-small", *BASE[:-4], "--max-steps", "28", "--set", "eval_interval=12", "--set", "threads=1",
+              "--algorithm", "celgc", "--resume", "--out", str(out), *SMOKE]
+    started = config["provenance"]["commit"]
     config["provenance"]["commit"] = "0" * 40
     (out / "config.json").write_text(json.dumps(config))
-    assert main(["train", "ptb-small", *BASE[:-4], "--max-steps", "28", "--set", "eval_interval=12", "--set", "threads=1",
-                 "--algorithm", "celgc", "--resume", "--out", str(out), *SMOKE]) == 0
-    assert json.loads((out / "config.json").read_text())["provenance"]["commit"] == "0" * 40
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main(resume) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and f"commit 000000000000 in the run, {started[:12]} now" in error, error
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    # Under the code that started it, the same resume goes on.
+    config["provenance"]["commit"] = started
+    (out / "config.json").write_text(json.dumps(config))
+    assert main(resume) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 28
 
 

@@ -143,12 +143,18 @@ def check(config, bad) -> None:
         periodic = ", ".join(n for n, o in ALGORITHMS.items() if o.averages_models)
         if config.participants is not None:
             bad("participants", f"partial participation applies to algorithm={periodic}, not {config.algorithm}")
-        for name, off in (("outer_optimizer", "none"), ("compression", "none"), ("fragments", 1), ("overlap", 0)):
+        for name, off in (("outer_optimizer", "none"), ("compression", "none"), ("fragments", 1), ("overlap", 0), ("warmup_steps", 0)):
             if getattr(config, name) != off:
                 bad(name, f"applies to the model-averaging algorithms ({periodic}), not algorithm={config.algorithm}")
     if not config.error_feedback and config.compression not in LOWBIT:
         bad("error_feedback", f"false applies to compression={'|'.join(LOWBIT)}, not compression={config.compression}")
     _check_streaming(config, bad)
+    if config.warmup_steps and streaming_rounds(config):
+        bad("warmup_steps", f"averages the whole model every step: streaming rounds (fragments={config.fragments}, overlap={config.overlap}) need 0")
+    if config.warmup_steps % config.period and config.eval_interval and s.averages_models:
+        # After the warm-up, rounds end at warmup_steps + k·period: evaluations (multiples of
+        # the period) fall on them only when the warm-up is a whole number of periods.
+        bad("warmup_steps", f"must be a multiple of period={config.period} when eval_interval is set")
     if config.eval_interval and s.averages_models and not streaming_rounds(config) and config.eval_interval % config.period:
         # Evaluations score the averaged model, which exists only at the end of a period. With
         # streaming rounds no step holds it inside an epoch: they score the mean of the workers'
@@ -242,6 +248,8 @@ def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
     if s.averages_models:
         options.update(participants=config.participants, participation_seed=config.seed,
                        outer_optimizer=outer_optimizer(config), compression=config.compression)
+        if config.warmup_steps:
+            options.update(warmup_steps=config.warmup_steps)
         if config.compression in LOWBIT:
             options.update(error_feedback=config.error_feedback)
         if streaming_rounds(config):

@@ -636,6 +636,11 @@ def parity(epochs: float = 12.0) -> Plan:
     * ``celgc-I32-nesterov-olr1`` and ``-olr0.5``: the outer lr's grid (``PARITY_OUTER_LRS``).
     * ``naive-drop0.2`` and ``celgc-I32-drop0.2``: dropout ``PARITY_DROPOUT`` for both sides
       (the recipe's 0 overfits past epoch 10 at 24 epochs); each side at its tuned γ.
+    * ``celgc-I32-nesterov-decay``: outer Nesterov whose outer lr takes the inner lr's step decay
+      (``outer_lr_decay``), since a constant outer lr hurt at I = 256 while the inner lr decayed.
+    * ``celgc-I32-postlocal1``: post-local SGD, a round after every step for the first epoch
+      (``warmup_steps``, a whole number of periods), then every 32 steps: its warm-up rounds
+      count, about 2.6x the rounds of plain I = 32.
 
     Rounds: a Nesterov run sends exactly what plain averaging sends (one round every 32 steps).
     4 validations per epoch, at the same steps for every run of a period.
@@ -654,5 +659,17 @@ def parity(epochs: float = 12.0) -> Plan:
     runs += [
         (f"naive-drop{PARITY_DROPOUT:g}", _converge(epochs, **naive, **drop)),
         (f"celgc-I32-drop{PARITY_DROPOUT:g}", _converge(epochs, **celgc, **drop)),
+        ("celgc-I32-nesterov-decay", _converge(epochs, **celgc, **nesterov, outer_lr=0.7, outer_lr_decay=True)),
+        ("celgc-I32-postlocal1", _converge(epochs, **celgc, warmup_steps=_whole_periods(_epoch_steps(8), 32))),
     ]
     return runs
+
+
+def _epoch_steps(workers: int, recipe: str = "ptb-converge") -> int:
+    """Local steps per worker in one epoch of ``recipe`` at ``workers`` workers."""
+    return WORKER_STEPS_PER_EPOCH[recipe] // workers
+
+
+def _whole_periods(steps: int, period: int) -> int:
+    """``steps`` rounded to a whole number of periods (at least one)."""
+    return max(period, round(steps / period) * period)

@@ -398,6 +398,13 @@ def _vals(data: dict) -> list[dict]:
     return [r for r in data["val"] if "val/ppl" in r and not r.get("final")]
 
 
+def _best(data: dict) -> dict | None:
+    """The validation record with the lowest finite perplexity, the final one included (the
+    earliest of equals), or None."""
+    records = [r for r in data["val"] if "val/ppl" in r and _good(r["val/ppl"])]
+    return min(records, key=lambda r: r["val/ppl"]) if records else None
+
+
 def _epoch_ends(data: dict) -> dict[int, float]:
     """Validation perplexity at the end of each whole epoch (the record whose epoch is k.0)."""
     ends = {}
@@ -495,6 +502,11 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         row["baseline"] = base
         target = finished[base]["summary"].get("val/ppl") if base else None
         row["vs naive %"] = _percent(row.get("val/ppl"), target)
+        best = _best(data)
+        row["best val/ppl"] = best["val/ppl"] if best else None
+        row["best at epoch"] = best.get("epoch") if best else None
+        base_best = _best(finished[base]) if base else None
+        row["best vs naive best %"] = _percent(row["best val/ppl"], base_best["val/ppl"] if base_best else None)
         plain = _plain(row["run"], data, finished)
         row["plain CELGC"] = plain
         row["vs plain %"] = _percent(row.get("val/ppl"), finished[plain]["summary"].get("val/ppl") if plain else None)
@@ -538,7 +550,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
             row[f"naive/this {link}, 97 MB"] = base / own if base and own else None
     stopped = ["diverged at step"] if any("diverged at step" in row for row in rows) else []
     main = ["run", "group", "algorithm", "N", "I", "seed", "dropout", "epochs", "steps", *stopped, "val/ppl", "test/ppl", "spread last 3 val",
-            "gain last 2 epochs %", "vs naive %", "plain CELGC", "vs plain %", "comm/rounds", "rounds/epoch", "MB sent"]
+            "gain last 2 epochs %", "vs naive %", "best val/ppl", "best at epoch", "best vs naive best %", "plain CELGC", "vs plain %",
+            "comm/rounds", "rounds/epoch", "MB sent"]
     timing = ["run", "baseline", "target val/ppl", "steps to target", "rounds to target"]
     timing += [f"s to target {link}{label}" for link in LINKS for label in ("", ", 97 MB")]
     timing += [f"naive/this {link}, 97 MB" for link in LINKS]
@@ -562,6 +575,8 @@ def _converge_tables(rows: list[dict], finished: dict) -> tuple[dict, list, str]
         "'97 MB': every round carries AWD-LSTM's 97 MB message instead of this model's (48.5 MB with bf16 or fp16 rounds, "
         "int8/int4 their share of it, 1/P of it with P fragments); a round in flight for τ steps (overlap) costs only what "
         "of its time exceeds τ steps of compute. "
+        "best val/ppl: the lowest validation perplexity of the run's evaluations (the final one included) and the epoch "
+        "where it fell; best vs naive best %: that above the naive baseline's own best (each side read at its best). "
         "vs naive %, vs plain %: this run's final val/ppl above its naive baseline's, and above its plain CELGC counterpart's "
         "(same period, plain averaging, float32 rounds; for EPISODE the CELGC run on the same data). naive/this: the baseline's time over "
         "this run's (above 1: this run is faster); empty where a run does not reach the target. "

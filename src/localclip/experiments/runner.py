@@ -400,7 +400,9 @@ def _short(cfg: TrainConfig) -> str:
     if r.seed != 2020:
         text += f" seed={r.seed}"
     if r.outer_optimizer != "none":
-        text += f" outer={r.outer_optimizer}(lr={r.outer_lr:g}, μ={r.outer_momentum:g})"
+        text += f" outer={r.outer_optimizer}(lr={r.outer_lr:g}{' decaying' if r.outer_lr_decay else ''}, μ={r.outer_momentum:g})"
+    if r.warmup_steps:
+        text += f" warmup={r.warmup_steps}"
     if r.compression != "none":
         text += f" compression={r.compression}" + ("" if r.error_feedback or r.compression not in LOWBIT else " no-error-feedback")
     if r.fragments != 1:

@@ -18,11 +18,13 @@ class StepDecay:
     """The paper's step decay: lr and γ both multiplied by ``factor`` at each epoch of
     ``milestones``, and by a per-step ``scale`` (variable BPTT), computed from the base values
     each time (no drift from repeated multiplication). Groups without a ``gamma`` (AdamW, whose
-    ``max_grad_norm`` bounds a norm, not a step) keep theirs."""
+    ``max_grad_norm`` bounds a norm, not a step) keep theirs. ``outer``: an outer optimizer (any
+    object with an ``lr``) whose lr takes the same decay, without the per-step scale."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr: float, gamma: float, milestones, factor: float):
+    def __init__(self, optimizer: torch.optim.Optimizer, lr: float, gamma: float, milestones, factor: float, outer=None):
         self.optimizer, self.lr, self.gamma = optimizer, lr, gamma
         self.milestones, self.factor = list(milestones), factor
+        self.outer, self.outer_lr = outer, None if outer is None else outer.lr
 
     def apply(self, epoch: int, scale: float = 1.0) -> None:
         decays = sum(1 for e in self.milestones if epoch >= e)
@@ -31,6 +33,8 @@ class StepDecay:
             group["lr"] = self.lr * factor
             if "gamma" in group:
                 group["gamma"] = self.gamma * factor
+        if self.outer is not None:
+            self.outer.lr = self.outer_lr * self.factor**decays
 
 
 class GammaFollowsLR:

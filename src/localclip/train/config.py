@@ -80,6 +80,12 @@ class TrainConfig:
     """The outer step size (with ``outer_optimizer`` sgd/nesterov; DiLoCo's 0.7)."""
     outer_momentum: float = 0.9
     """The outer momentum in [0, 1) (DiLoCo's 0.9; ``nesterov`` needs > 0)."""
+    outer_lr_decay: bool = False
+    """Multiply the outer lr by the inner lr's step decay (``lr_decay`` at each of
+    ``lr_decay_epochs``), so that the outer step shrinks with the local ones; false: constant."""
+    warmup_steps: int = 0
+    """Post-local SGD (Lin et al., 2020): average after every one of the first N local steps,
+    then every ``period`` steps counted from there; each of these rounds counts in ``comm/rounds``."""
     compression: str = "none"
     """How a round sends the models: ``none`` (float32), or the change since the last round as
     ``bf16`` or ``fp16`` (half the bytes), or ``int8`` or ``int4`` codes with a float32 scale per
@@ -229,6 +235,12 @@ class TrainConfig:
             bad("outer_momentum", "must be in [0, 1)")
         if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
             bad("outer_momentum", "outer_optimizer=nesterov needs outer_momentum > 0")
+        if not isinstance(self.outer_lr_decay, bool):
+            bad("outer_lr_decay", "expected true or false")
+        if self.outer_lr_decay and self.outer_optimizer == "none":
+            bad("outer_lr_decay", "decays an outer lr: it needs outer_optimizer sgd or nesterov")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            bad("warmup_steps", "must be an integer >= 0 local steps")
         if self.compression not in COMPRESSIONS:
             bad("compression", f"expected one of {', '.join(COMPRESSIONS)}")
         if not isinstance(self.error_feedback, bool):

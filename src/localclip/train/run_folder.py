@@ -46,12 +46,31 @@ from localclip.train.loggers import open_sinks
 
 __all__ = ["RESUME_MAY_CHANGE", "RunFolder", "atomic_write_text", "atomic_torch_save"]
 
-#: Config fields a resume may change: the budget, and how the run is observed and hosted
-#: (``provenance``, the code version, is recorded, not compared: a bit-identical refactor may resume).
+#: Config fields a resume may change: the budget, and how the run is observed and hosted.
+#: ``provenance`` is compared by :func:`other_code`: a run is made by one code version.
 RESUME_MAY_CHANGE = frozenset({
     "provenance", "max_steps", "epochs", "timeout", "threads", "data_root", "log_interval", "checkpoint_interval", "keep_checkpoints", "loggers",
     "stop_check_interval", "stop_on_divergence", "device",
 })
+
+
+def other_code(started: dict | None, now: dict | None) -> str:
+    """How the code version ``now`` differs from the one that ``started`` a run ('' if it does not).
+
+    A run's numbers are those of one code version from start to end, so a resume under another
+    commit, with uncommitted changes the run was started without, or under another torch is
+    refused. Versions unknown on either side (a run from an installed wheel, or from before
+    versions were recorded) are not compared."""
+    if not started or not now:
+        return ""
+    differ = []
+    if started.get("commit") and now.get("commit") and started["commit"] != now["commit"]:
+        differ.append(f"commit {started['commit'][:12]} in the run, {now['commit'][:12]} now")
+    if started.get("dirty") is False and now.get("dirty"):
+        differ.append("started from a clean checkout, now with uncommitted changes")
+    if started.get("torch") and now.get("torch") and started["torch"] != now["torch"]:
+        differ.append(f"torch {started['torch']} in the run, {now['torch']} now")
+    return "; ".join(differ)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -168,6 +187,10 @@ class RunFolder:
         except (OSError, json.JSONDecodeError) as exc:
             raise RunFolderError(f"Unreadable run config {self.config_path}: {exc}") from exc
         new = jsonio.loads(config_json)
+        other = other_code(saved.get("provenance"), new.get("provenance"))
+        if other:
+            raise RunFolderError(f"--resume under other code than the run in {self.path} was started by: {other}; "
+                                 "resume it from a checkout at its commit (git worktree add DIR COMMIT)")
         # A field added after the run started ran at its default.
         saved = {**{k: v for k, v in _config_defaults().items() if k in new}, **saved}
         differ = sorted(k for k in set(saved) | set(new) if k not in RESUME_MAY_CHANGE and saved.get(k) != new.get(k))

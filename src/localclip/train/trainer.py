@@ -88,7 +88,8 @@ class Trainer:
         self.diverged_at: int | None = None  # the step whose validation found the model diverged
         self._bar = None  # the progress bar (rank 0, with progress on)
         # Owners of what the loop only calls: the step decay and the NT-ASGD-like average.
-        self.step_size = StepDecay(self.algorithm, config.lr, config.gamma, config.lr_decay_epochs, config.lr_decay)
+        outer = self.algorithm.averager.outer if config.outer_lr_decay else None
+        self.step_size = StepDecay(self.algorithm, config.lr, config.gamma, config.lr_decay_epochs, config.lr_decay, outer=outer)
         self.epoch_average = EpochAverage(self.model, config.asgd_patience)
         # Streaming rounds leave the workers at different models inside an epoch: what an
         # evaluation there scores is their mean, made for it alone.
