@@ -641,6 +641,9 @@ def parity(epochs: float = 12.0) -> Plan:
     * ``celgc-I32-postlocal1``: post-local SGD, a round after every step for the first epoch
       (``warmup_steps``, a whole number of periods), then every 32 steps: its warm-up rounds
       count, about 2.6x the rounds of plain I = 32.
+    * ``naive-const-asgd`` and ``celgc-I32-const-asgd``: the paper's kind of schedule for both
+      sides, a constant lr and γ with the NT-ASGD-like average of end-of-epoch weights
+      (``asgd_patience`` 1: it starts after the first epoch whose validation does not improve).
 
     Rounds: a Nesterov run sends exactly what plain averaging sends (one round every 32 steps).
     4 validations per epoch, at the same steps for every run of a period.
@@ -661,6 +664,8 @@ def parity(epochs: float = 12.0) -> Plan:
         (f"celgc-I32-drop{PARITY_DROPOUT:g}", _converge(epochs, **celgc, **drop)),
         ("celgc-I32-nesterov-decay", _converge(epochs, **celgc, **nesterov, outer_lr=0.7, outer_lr_decay=True)),
         ("celgc-I32-postlocal1", _converge(epochs, **celgc, warmup_steps=_whole_periods(_epoch_steps(8), 32))),
+        ("naive-const-asgd", _converge(epochs, decay_start=1.0, **naive, asgd_patience=1)),
+        ("celgc-I32-const-asgd", _converge(epochs, decay_start=1.0, **celgc, asgd_patience=1)),
     ]
     return runs
 

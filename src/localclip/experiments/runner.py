@@ -403,6 +403,8 @@ def _short(cfg: TrainConfig) -> str:
         text += f" outer={r.outer_optimizer}(lr={r.outer_lr:g}{' decaying' if r.outer_lr_decay else ''}, μ={r.outer_momentum:g})"
     if r.warmup_steps:
         text += f" warmup={r.warmup_steps}"
+    if r.asgd_patience:
+        text += f" asgd(patience={r.asgd_patience})"
     if r.compression != "none":
         text += f" compression={r.compression}" + ("" if r.error_feedback or r.compression not in LOWBIT else " no-error-feedback")
     if r.fragments != 1:
