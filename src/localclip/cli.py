@@ -218,8 +218,6 @@ def _train(args) -> int:
     from localclip.train import run_training
 
     resolved = _train_config(args)
-    if resolved.task == "lm" and args.runtime != "torchrun":
-        _ensure_corpus(resolved)
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
     rank0 = os.environ.get("RANK", "0") == "0"
     if args.resume and not (Path(out) / "config.json").exists() and rank0:
@@ -227,7 +225,10 @@ def _train(args) -> int:
     if "tensorboard" in (args.loggers or []) and importlib.util.find_spec("tensorboard") is None and rank0:
         print("localclip: note: tensorboard is not installed, so no RUN/tensorboard events "
               "(pip install 'localclip[tensorboard]'); metrics.jsonl holds every record", file=sys.stderr)
-    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
+    # A missing corpus is fetched once the run folder has been found free and a resume's config the
+    # run's: a refused folder costs no download (under torchrun each worker reads what is on disk).
+    fetch = _ensure_corpus if resolved.task == "lm" and args.runtime != "torchrun" else None
+    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress, fetch_corpus=fetch)
     if summary is None:
         return 0
     keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
