@@ -203,7 +203,14 @@ def _train_config(args):
     config = apply_overrides(config, args.overrides)
     # What the user set, as against the recipe's own values.
     explicit = {k for k, v in flags.items() if v is not None} | {item.partition("=")[0].strip() for item in args.overrides}
-    config.resolved()  # each value checked on its own first
+    try:
+        config.resolved()  # each value checked on its own first
+    except ConfigError as exc:
+        # A value the algorithm would replace is a conflict too: named in the same line.
+        problem = algorithms.overridden(config, explicit) if config.algorithm in algorithms.ALGORITHMS else None
+        if problem:
+            raise ConfigError(f"{exc}; {problem}") from None
+        raise
     config = for_inner_optimizer(args.recipe, config, explicit)
     resolved = config.resolved()
     # A value the user gave that the algorithm would replace is refused, not silently dropped.
