@@ -1,4 +1,4 @@
-"""The ``localclip`` command: ``train``, ``recipes``, ``data download``, ``plot``, ``sweep``,
+"""The ``localclip`` command: ``train``, ``recipes``, ``data download|import``, ``plot``, ``sweep``,
 ``report``, ``theory`` and ``smoothness``.
 
 Flags map onto :class:`~localclip.train.config.TrainConfig` fields; every user error is one line
@@ -125,6 +125,13 @@ def _parser() -> argparse.ArgumentParser:
     download.add_argument("corpus", choices=["ptb", "wikitext2"])
     download.add_argument("--data-root", help="destination root (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
     download.add_argument("--force", action="store_true", help="replace files whose checksum differs")
+    imported = data_sub.add_parser("import", help="install corpus files fetched elsewhere (offline), verifying their SHA-256",
+                                   description="Check the corpus files in DIR, under their published names (ptb.train.txt, "
+                                               "wiki.train.tokens) or as train.txt, valid.txt, test.txt, against the canonical "
+                                               "SHA-256 and install them where `localclip train` looks.")
+    imported.add_argument("corpus", choices=["ptb", "wikitext2"])
+    imported.add_argument("source", metavar="DIR", help="the folder holding the three files")
+    imported.add_argument("--data-root", help="destination root (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
 
     plot = sub.add_parser("plot", help="plot runs")
     plot.add_argument("runs", nargs="+", help="run folders")
@@ -292,9 +299,8 @@ def _ensure_corpus(config) -> None:
         data.download_corpus(config.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
     except DataError as exc:
         raise DataError(
-            f"{config.dataset} is missing from {folder} and could not be downloaded ({exc}). "
-            f"Run `localclip data download {config.dataset} --data-root {root}` where the internet is reachable, "
-            f"or point --data-root / LOCALCLIP_DATA at a folder that holds {folder.name}/."
+            f"{config.dataset} is missing from {folder} and could not be downloaded ({exc}) "
+            f"Or point --data-root / LOCALCLIP_DATA at a folder that holds {folder.name}/."
         ) from None
 
 
@@ -324,7 +330,10 @@ def _recipes(args) -> int:
 def _data(args) -> int:
     from localclip import data
 
-    path = data.download_corpus(args.corpus, args.data_root, force=args.force)
+    if args.data_command == "import":
+        path = data.import_corpus(args.corpus, args.source, args.data_root)
+    else:
+        path = data.download_corpus(args.corpus, args.data_root, force=args.force)
     print(f"{args.corpus}: verified in {path}")
     return 0
 
