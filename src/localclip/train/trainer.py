@@ -201,7 +201,7 @@ class Trainer:
             self.checkpointer.restore_pending(self)
         if bar is not None:
             bar.set_postfix_str("final evaluation (valid, test)...", refresh=True)
-        final = self._log_eval(splits=("valid", "test"), final=True)
+        final = self._log_eval(splits=("valid", "test"), final=True, shown=bar)
         if self._state_diverged:
             self.checkpointer.drop_held()
         else:
@@ -311,19 +311,22 @@ class Trainer:
             return
         self.epoch_average.end_of_epoch(result["val/ppl"])
 
-    def _evaluate(self, split: str, live_mean: bool = False) -> dict:
+    def _evaluate(self, split: str, live_mean: bool = False, shown=None) -> dict:
         """Evaluate once per (step, split, model scored): the final evaluation reuses the
         end-of-epoch one; the mean of the live models at an epoch's last step is not the model
-        after that epoch's averaging."""
+        after that epoch's averaging. ``shown``: a progress bar whose postfix follows this
+        worker's part of the evaluation."""
         key = (self.step, self.workload.split_name(split), self.epoch_average.count, live_mean)
         if key not in self._eval_cache:
-            self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split)}
+            progress = _EvalProgress(shown, split) if shown is not None else None
+            self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split, progress)}
         return self._eval_cache[key]
 
-    def _log_eval(self, splits, final: bool = False, live_mean: bool = False) -> dict:
+    def _log_eval(self, splits, final: bool = False, live_mean: bool = False, shown=None) -> dict:
         """Evaluate and log. ``live_mean``: score the mean of the workers' live models
         (:mod:`localclip.train.live_mean`), for an evaluation inside an epoch of a streaming run;
-        otherwise the model itself, which every worker holds after a round."""
+        otherwise the model itself, which every worker holds after a round. ``shown``: a
+        progress bar that shows how far each split is."""
         with self.live_mean.swapped_in() if live_mean else contextlib.nullcontext():
             # The evaluated average's weights, before the NT-ASGD average is swapped in.
             moved = self.metrics.movement()
@@ -331,7 +334,7 @@ class Trainer:
                 result = {}
                 for split in splits:
                     prefix = "val" if split == "valid" else "test"
-                    for k, v in self._evaluate(split, live_mean).items():
+                    for k, v in self._evaluate(split, live_mean, shown).items():
                         result[f"{prefix}/{k}"] = v
         self.metrics.log_evaluation(self.step, self.epoch_progress(), result, moved, final=final)
         self._state_diverged = _diverged(result)
@@ -351,6 +354,20 @@ class Trainer:
             return False
         self.checkpointer.save(self)
         return True
+
+
+class _EvalProgress:
+    """Shows on the progress bar how far an evaluation of ``split`` is, in whole percents
+    (rank 0's part, which the others' match: the columns are dealt out evenly)."""
+
+    def __init__(self, bar, split: str):
+        self.bar, self.split, self.shown = bar, split, -1
+
+    def __call__(self, fraction: float) -> None:
+        percent = int(100 * fraction)
+        if percent != self.shown:
+            self.shown = percent
+            self.bar.set_postfix_str(f"final evaluation: {self.split} {percent}%", refresh=True)
 
 
 def _resume_bar(bar, step: int) -> None:
