@@ -56,9 +56,10 @@ def test_the_bar_knows_the_total_and_shows_loss_epoch_and_rounds(tmp_path, recor
     (bar,) = recording_bar
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert bar.total == summary["steps"] == bar.n and bar.closed
-    # The bar stays up through the final evaluation, saying so.
-    assert bar.postfixes[-1] == "final evaluation (valid, test)..."
-    last = bar.postfixes[-2]
+    # The bar stays up through the final evaluation, saying so and how far it is.
+    final = bar.postfixes.index("final evaluation (valid, test)...")
+    assert all(p.startswith("final evaluation: ") for p in bar.postfixes[final + 1:]) and bar.postfixes[-1] == "final evaluation: test 100%"
+    last = bar.postfixes[final - 1]
     assert set(last) == {"epoch", "loss", "rounds"}
     # The last postfix comes from the last training record, before the end-of-epoch average.
     assert summary["comm/rounds"] - 1 <= last["rounds"] <= summary["comm/rounds"] and float(last["loss"]) > 0

@@ -1,4 +1,4 @@
-"""The ``localclip`` command: ``train``, ``recipes``, ``data download``, ``plot``, ``sweep``,
+"""The ``localclip`` command: ``train``, ``recipes``, ``data download|import``, ``plot``, ``sweep``,
 ``report``, ``theory`` and ``smoothness``.
 
 Flags map onto :class:`~localclip.train.config.TrainConfig` fields; every user error is one line
@@ -125,6 +125,13 @@ def _parser() -> argparse.ArgumentParser:
     download.add_argument("corpus", choices=["ptb", "wikitext2"])
     download.add_argument("--data-root", help="destination root (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
     download.add_argument("--force", action="store_true", help="replace files whose checksum differs")
+    imported = data_sub.add_parser("import", help="install corpus files fetched elsewhere (offline), verifying their SHA-256",
+                                   description="Check the corpus files in DIR, under their published names (ptb.train.txt, "
+                                               "wiki.train.tokens) or as train.txt, valid.txt, test.txt, against the canonical "
+                                               "SHA-256 and install them where `localclip train` looks.")
+    imported.add_argument("corpus", choices=["ptb", "wikitext2"])
+    imported.add_argument("source", metavar="DIR", help="the folder holding the three files")
+    imported.add_argument("--data-root", help="destination root (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data)")
 
     plot = sub.add_parser("plot", help="plot runs")
     plot.add_argument("runs", nargs="+", help="run folders")
@@ -203,7 +210,14 @@ def _train_config(args):
     config = apply_overrides(config, args.overrides)
     # What the user set, as against the recipe's own values.
     explicit = {k for k, v in flags.items() if v is not None} | {item.partition("=")[0].strip() for item in args.overrides}
-    config.resolved()  # each value checked on its own first
+    try:
+        config.resolved()  # each value checked on its own first
+    except ConfigError as exc:
+        # A value the algorithm would replace is a conflict too: named in the same line.
+        problem = algorithms.overridden(config, explicit) if config.algorithm in algorithms.ALGORITHMS else None
+        if problem:
+            raise ConfigError(f"{exc}; {problem}") from None
+        raise
     config = for_inner_optimizer(args.recipe, config, explicit)
     resolved = config.resolved()
     # A value the user gave that the algorithm would replace is refused, not silently dropped.
@@ -218,8 +232,6 @@ def _train(args) -> int:
     from localclip.train import run_training
 
     resolved = _train_config(args)
-    if resolved.task == "lm" and args.runtime != "torchrun":
-        _ensure_corpus(resolved)
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
     rank0 = os.environ.get("RANK", "0") == "0"
     if args.resume and not (Path(out) / "config.json").exists() and rank0:
@@ -227,7 +239,10 @@ def _train(args) -> int:
     if "tensorboard" in (args.loggers or []) and importlib.util.find_spec("tensorboard") is None and rank0:
         print("localclip: note: tensorboard is not installed, so no RUN/tensorboard events "
               "(pip install 'localclip[tensorboard]'); metrics.jsonl holds every record", file=sys.stderr)
-    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress)
+    # A missing corpus is fetched once the run folder has been found free and a resume's config the
+    # run's: a refused folder costs no download (under torchrun each worker reads what is on disk).
+    fetch = _ensure_corpus if resolved.task == "lm" and args.runtime != "torchrun" else None
+    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress, fetch_corpus=fetch)
     if summary is None:
         return 0
     keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]
@@ -284,9 +299,8 @@ def _ensure_corpus(config) -> None:
         data.download_corpus(config.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
     except DataError as exc:
         raise DataError(
-            f"{config.dataset} is missing from {folder} and could not be downloaded ({exc}). "
-            f"Run `localclip data download {config.dataset} --data-root {root}` where the internet is reachable, "
-            f"or point --data-root / LOCALCLIP_DATA at a folder that holds {folder.name}/."
+            f"{config.dataset} is missing from {folder} and could not be downloaded ({exc}) "
+            f"Or point --data-root / LOCALCLIP_DATA at a folder that holds {folder.name}/."
         ) from None
 
 
@@ -316,7 +330,10 @@ def _recipes(args) -> int:
 def _data(args) -> int:
     from localclip import data
 
-    path = data.download_corpus(args.corpus, args.data_root, force=args.force)
+    if args.data_command == "import":
+        path = data.import_corpus(args.corpus, args.source, args.data_root)
+    else:
+        path = data.download_corpus(args.corpus, args.data_root, force=args.force)
     print(f"{args.corpus}: verified in {path}")
     return 0
 

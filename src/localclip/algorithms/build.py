@@ -118,18 +118,21 @@ def overridden(config, explicit) -> str | None:
     """A message if a field in ``explicit`` (what the user set, not a recipe's default) has a
     value that ``config``'s algorithm would replace; None when there is none."""
     s = spec(config.algorithm)
-    for name in explicit:
+    problems = []
+    for name in sorted(explicit):
         if name in s.fixed and getattr(config, name) != s.fixed[name][0]:
             value, why = s.fixed[name]
-            return (f"Invalid {name}={getattr(config, name)!r} with algorithm={config.algorithm}: {why} "
-                    f"({name}={value!r}); leave {name} out")
-    return None
+            problems.append(f"Invalid {name}={getattr(config, name)!r} with algorithm={config.algorithm}: {why} "
+                            f"({name}={value!r}); leave {name} out")
+    return "; ".join(problems) or None
 
 
 def check(config, bad) -> None:
     """Refuse what the chosen algorithm, local update and round would not do as the config says.
 
-    ``bad(field, why)`` raises; each message names the other field involved.
+    ``bad(field, why)`` is called for each conflict (it may raise, or collect them all: every
+    check here reads only values already checked on their own); each message names the other
+    field involved.
     """
     s = spec(config.algorithm)
     if config.clip_mode not in s.clip_modes:

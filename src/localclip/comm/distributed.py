@@ -32,14 +32,6 @@ import threading
 import torch
 import torch.distributed as dist
 
-if dist.is_available():
-    import torch.distributed.fsdp as fsdp
-
-    # The wrappers that leave each rank a shard (FSDP1's module class; fully_shard's mixin).
-    _SHARDED = tuple(getattr(fsdp, name) for name in ("FullyShardedDataParallel", "FSDPModule") if hasattr(fsdp, name))
-else:  # pragma: no cover - a torch build without distributed support
-    _SHARDED = ()
-
 from localclip.comm import base
 from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, Pending, check_timeout, timeout_error
 from localclip.errors import CommunicationError
@@ -65,12 +57,24 @@ def why_not_a_replica(module: torch.nn.Module) -> str | None:
     if isinstance(module, torch.nn.parallel.DistributedDataParallel):
         return ("it is wrapped in DistributedDataParallel, which all-reduces the gradients at every backward: "
                 "pass the model inside it (ddp.module), or use localclip.integrations.lightning or .accelerate")
-    if _SHARDED and any(isinstance(m, _SHARDED) for m in module.modules()):
+    sharded = _sharded_types()
+    if sharded and any(isinstance(m, sharded) for m in module.modules()):
         return "it is sharded by FSDP, which leaves each rank a slice of every parameter, while a round averages whole models: give each worker the whole model"
     for name, p in module.named_parameters():
         if type(p.data) is not torch.Tensor:  # DTensor (tensor parallelism, FSDP) and other tensor subclasses
             return f"its parameter {name!r} is a {type(p.data).__name__}, not a plain tensor: a round averages whole, unsharded models"
     return None
+
+
+def _sharded_types() -> tuple[type, ...]:
+    """The wrappers that leave each rank a shard (FSDP1's module class; fully_shard's mixin).
+
+    ``torch.distributed.fsdp`` takes seconds to import, and a module can only be sharded by it
+    once something has imported it: until then no module is sharded, and the check costs nothing."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return ()
+    return tuple(getattr(fsdp, name) for name in ("FullyShardedDataParallel", "FSDPModule") if hasattr(fsdp, name))
 
 
 def init(

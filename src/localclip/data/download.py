@@ -2,7 +2,9 @@
 
 This module owns the table of download sources and the rule that a file appears under its final
 name only whole and with its canonical SHA-256: every file is written to a temporary name in the
-destination folder, checked, and only then moved into place with ``os.replace``.
+destination folder, checked, and only then moved into place with ``os.replace``. The same rule
+installs files fetched elsewhere (:func:`import_corpus`, the offline path), under either their
+published names (``ptb.train.txt``) or their local ones (``train.txt``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from localclip.data.corpora import _sha256_of, _spec, corpus_path, file_sha256, resolve_data_root
 from localclip.errors import DataError
 
-__all__ = ["SOURCES", "CorpusSource", "download_corpus"]
+__all__ = ["SOURCES", "CorpusSource", "download_corpus", "import_corpus"]
 
 _TIMEOUT_S = 60.0
 _CHUNK = 1 << 20
@@ -64,11 +66,15 @@ SOURCES: dict[str, CorpusSource] = {
 }
 
 
-def _manual_hint(folder: Path, files: list[str]) -> str:
-    return f"Copy {', '.join(files)} into {folder} manually (from a machine with access) and retry."
+def _manual_hint(name: str, folder: Path, base_url: str | None = None) -> str:
+    source = SOURCES[name]
+    base = (base_url or source.base_url).rstrip("/")
+    what = f"{base}/{source.archive} (and unzip it)" if source.archive else ", ".join(f"{base}/{remote}" for remote in source.members)
+    return (f"Offline: fetch {what} manually on a machine with access, then `localclip data import {name} DIR "
+            f"--data-root {folder.parent}` checks the files in DIR and installs them into {folder}.")
 
 
-def _fetch(url: str, dest: Path, folder: Path, files: list[str]) -> str:
+def _fetch(url: str, dest: Path, hint: str) -> str:
     """Stream ``url`` into ``dest`` (an open temp name); returns the SHA-256 of what was written."""
     h = hashlib.sha256()
     try:
@@ -80,7 +86,7 @@ def _fetch(url: str, dest: Path, folder: Path, files: list[str]) -> str:
         # URLError covers HTTP errors and a missing file:// path; OSError covers resets and
         # timeouts mid-stream; ValueError an unknown URL scheme.
         reason = getattr(e, "reason", None) or e
-        raise DataError(f"Could not download {url}: {reason}. {_manual_hint(folder, files)}") from None
+        raise DataError(f"Could not download {url}: {reason}. {hint}") from None
     return h.hexdigest()
 
 
@@ -149,6 +155,7 @@ def download_corpus(
         raise DataError(f"Cannot create {folder}: {e.strerror or e}. Choose a writable --data-root.") from None
 
     base = (base_url if base_url is not None else source.base_url).rstrip("/")
+    hint = _manual_hint(spec.name, folder, base)
     staged: dict[str, Path] = {}  # local name -> verified temp file in `folder`
     scratch: list[Path] = []
 
@@ -168,7 +175,7 @@ def download_corpus(
                 url = f"{base}/{remote}"
                 say(f"{spec.name}: downloading {url}")
                 tmp = temp_in_folder(local)
-                actual = _fetch(url, tmp, folder, wanted)
+                actual = _fetch(url, tmp, hint)
                 if actual != spec.sha256[local]:
                     raise _mismatch(local, url, spec.sha256[local], actual)
                 staged[local] = tmp
@@ -176,7 +183,7 @@ def download_corpus(
             url = f"{base}/{source.archive}"
             say(f"{spec.name}: downloading {url}")
             archive = temp_in_folder(source.archive)
-            _fetch(url, archive, folder, wanted)
+            _fetch(url, archive, hint)
             try:
                 with zipfile.ZipFile(archive) as zf:
                     for member, local in source.members.items():
@@ -189,14 +196,14 @@ def download_corpus(
                         except KeyError:
                             raise DataError(
                                 f"{url} has no member {member}; the archive layout changed. "
-                                f"{_manual_hint(folder, wanted)}"
+                                f"{hint}"
                             ) from None
                         actual = _sha256_of(tmp)
                         if actual != spec.sha256[local]:
                             raise _mismatch(f"{local} ({member})", url, spec.sha256[local], actual)
                         staged[local] = tmp
             except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error) as e:
-                raise DataError(f"{url} is not a readable zip archive ({e}). {_manual_hint(folder, wanted)}") from None
+                raise DataError(f"{url} is not a readable zip archive ({e}). {hint}") from None
         # Only now, with every file verified, does anything get a final name.
         for local, tmp in staged.items():
             os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the corpus private to one user
@@ -208,6 +215,76 @@ def download_corpus(
         _remove_empty(created)
         raise
     _unlink(scratch)  # the archive
+    return folder
+
+
+def import_corpus(
+    name: str,
+    source: str | os.PathLike[str],
+    data_root: str | os.PathLike[str] | None = None,
+    *,
+    progress: Callable[[str], object] | None = print,
+) -> Path:
+    """Install corpus ``name``'s files from the folder ``source`` into ``<data_root>/<folder>``
+    (where :func:`download_corpus` would put them) and return that folder.
+
+    Each split is looked for in ``source`` under its local name (``train.txt``), its published
+    name (``ptb.train.txt``, ``wiki.train.tokens``) or its path in the published archive
+    (``wikitext-2/wiki.train.tokens``), and must have the canonical SHA-256 (a custom corpus is
+    used where it lies: ``--data-root`` with ``--allow-custom-corpus``). Nothing is installed
+    unless every split is found and verified; a file already in place with the canonical
+    checksum is kept, one with another checksum is refused, not replaced.
+    """
+    spec = _spec(name)
+    say = progress if progress is not None else (lambda _msg: None)
+    src = Path(source).expanduser()
+    if not src.is_dir():
+        raise DataError(f"{src} is not a folder: give the folder that holds the {spec.name} files")
+    root = resolve_data_root(data_root)
+    folder = corpus_path(spec.name, root)
+    found: dict[str, Path] = {}
+    for remote, local in SOURCES[spec.name].members.items():
+        names = dict.fromkeys([local, Path(remote).name, remote])
+        candidates = [src / n for n in names if (src / n).is_file()]
+        if not candidates:
+            raise DataError(f"{src} holds no {spec.name} {local} (looked for {', '.join(names)})")
+        matching = [c for c in candidates if file_sha256(c) == spec.sha256[local]]
+        if not matching:
+            c = candidates[0]
+            raise DataError(f"{c} is not the canonical {spec.name} {local} (sha256 {file_sha256(c)}, expected "
+                            f"{spec.sha256[local]}); nothing was installed. For a custom corpus, point --data-root at "
+                            f"its folder and pass --allow-custom-corpus")
+        found[local] = matching[0]
+    for local in found:
+        path = folder / local
+        if path.is_file() and file_sha256(path) != spec.sha256[local]:
+            raise DataError(f"{path} exists but is not the canonical {spec.name} {local}; move it away first (nothing was installed)")
+    created = [p for p in (*reversed(folder.parents), folder) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _remove_empty(created)
+        raise DataError(f"Cannot create {folder}: {e.strerror or e}. Choose a writable --data-root.") from None
+    staged: dict[str, Path] = {}
+    try:
+        for local, path in found.items():
+            if (folder / local).is_file() and (folder / local).resolve() == path.resolve():
+                continue  # already in place
+            fd, tmp = tempfile.mkstemp(prefix=f".{local}.", suffix=".part", dir=folder)
+            os.close(fd)
+            staged[local] = Path(tmp)
+            shutil.copyfile(path, tmp)
+            if _sha256_of(Path(tmp)) != spec.sha256[local]:  # the copy, not only its source
+                raise DataError(f"copying {path} to {folder} changed it (sha256 differs); nothing was installed")
+        for local, tmp in staged.items():
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, folder / local)
+            say(f"{spec.name}: {folder / local} verified (from {found[local]})")
+        staged.clear()
+    except BaseException:
+        _unlink(list(staged.values()))
+        _remove_empty(created)
+        raise
     return folder
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from localclip.errors import ConfigError, LocalclipError, RunFolderError
@@ -25,11 +26,15 @@ def run_training(
     runtime: str = "simulate",
     resume: bool = False,
     progress: bool = True,
+    fetch_corpus: Callable[[TrainConfig], object] | None = None,
 ) -> dict | None:
     """Train ``config`` into the run folder ``out``; return the summary (rank 0's under torchrun).
 
     Everything that can be checked is checked before the folder is touched: the config, the
-    model options, the corpus and the folder itself (see :meth:`RunFolder.prepare`). On
+    model options, the folder itself (see :meth:`RunFolder.prepare`: a folder in use by another
+    process, a resume whose config differs), then the corpus, in that order, so that a refused
+    folder is one line and costs no download. ``fetch_corpus(config)``, if given, is called
+    between the two (the ``localclip`` command downloads a missing corpus there). On
     SIGTERM/SIGINT the workers checkpoint and :class:`~localclip.errors.Interrupted` is raised.
     """
     from localclip import interrupt, launch
@@ -47,11 +52,13 @@ def run_training(
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
     if runtime == "torchrun":
         return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
-    _check_corpus(config)
-    check_data(config)
     run = RunFolder(out)
     try:
         checkpoints = run.prepare(config_json, resume=resume)
+        if fetch_corpus is not None:
+            fetch_corpus(config)
+        _check_corpus(config)
+        check_data(config)
         run.begin(config_json, resuming=bool(checkpoints))
         backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
         try:
@@ -97,9 +104,9 @@ def _torchrun_worker(config: TrainConfig, out: str, resume: bool, progress: bool
     if comm.rank == 0:
         run = RunFolder(out)
         try:
-            _check_corpus(config)
             config_json = run_config_json(config)
             checkpoints = run.prepare(config_json, resume=resume)
+            _check_corpus(config)
             run.begin(config_json, resuming=bool(checkpoints))
         except LocalclipError as exc:
             failed.fill_(1)

@@ -265,7 +265,14 @@ class TrainConfig:
         if self.eval_interval < 0 or self.asgd_patience < 0:
             bad("eval_interval" if self.eval_interval < 0 else "asgd_patience", "must be >= 0")
         devices.check(self.device)
-        algorithms.check(self, bad)
+        # The settings that conflict with each other are named together, all in one line: a
+        # user who fixes one should not meet the next on the following try.
+        conflicts: dict[str, str] = {}
+        algorithms.check(self, lambda name, why: conflicts.setdefault(name, why))
+        if len(conflicts) == 1:
+            bad(*next(iter(conflicts.items())))
+        if conflicts:
+            raise ConfigError(f"{len(conflicts)} settings conflict: " + "; ".join(f"{name}={getattr(self, name)!r} ({why})" for name, why in conflicts.items()))
         return self
 
     def resolved(self) -> "TrainConfig":

@@ -7,6 +7,7 @@ Layout::
     RUN/summary.json          written last: its presence marks a finished run
     RUN/checkpoints/latest.json         the index: the newest complete set first, then older kept ones
     RUN/checkpoints/step-S/rank-R.pt    one file per worker (``step-S-epoch-E`` at the start of epoch E)
+    RUN/checkpoints/damaged-step-S/     a set that a resume found damaged, set aside
     RUN/tensorboard/          the same records as TensorBoard events, when tensorboard is installed
     RUN/wandb/                an offline Weights & Biases run, with ``--logger wandb``
 
@@ -18,7 +19,9 @@ touches anything, instead of interleaving its records and checkpoints with the f
 Every file is written to a temporary name and renamed into place, and ``latest.json`` moves only
 after every worker's file of that set exists, so a crash at any moment leaves the previous
 checkpoints intact. The last ``keep`` complete sets are kept, so that one unreadable file costs
-one checkpoint interval, not the run. Only rank 0 writes shared files.
+one checkpoint interval, not the run; a set that a resume finds damaged is set aside as
+``checkpoints/damaged-step-S`` (:meth:`RunFolder.set_aside`), out of the index, so that it never
+counts as one of the kept sets and never displaces a good one. Only rank 0 writes shared files.
 
 An index entry is ``{"step", "dir", "epochs", "metrics_lines"}``: where the set lies, how far
 training had got (epochs, fractional) and how many lines ``metrics.jsonl`` had then, so a resume
@@ -31,6 +34,7 @@ import contextlib
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -83,8 +87,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_torch_save(obj, path: Path) -> None:
+    """``torch.save(obj)`` to ``path`` through a temporary name; ``obj`` may also be the bytes
+    that ``torch.save`` wrote earlier into a buffer."""
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
+    if isinstance(obj, bytes):
+        tmp.write_bytes(obj)
+    else:
+        torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
@@ -330,7 +339,8 @@ class RunFolder:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_torch_save(state, path)
 
-    def commit_checkpoint(self, step: int, world_size: int, *, name: str | None = None, epochs: float | None = None, keep: int = 2) -> None:
+    def commit_checkpoint(self, step: int, world_size: int, *, name: str | None = None, epochs: float | None = None, keep: int = 2,
+                          metrics_lines: int | None = None) -> None:
         """Put set ``name`` (every rank's file exists) first in the index, keep the newest
         ``keep`` sets and delete the other folders up to this step. Newer index entries are
         dropped (after a resume from an older set they belong to the abandoned continuation),
@@ -338,12 +348,14 @@ class RunFolder:
         other, so past the barrier before this commit another rank may already be writing its
         file of the next set, and deleting that folder would make the next commit find the
         rank's file missing. A newer leftover is deleted by the first commit that passes its
-        step, or by :meth:`finish`; it is never resumed from, as only the index names sets."""
+        step, or by :meth:`finish`; it is never resumed from, as only the index names sets.
+        ``metrics_lines``: the lines ``metrics.jsonl`` had when the state was taken (default: now)."""
         name = name or f"step-{step}"
         missing = [r for r in range(world_size) if not self.checkpoint_file(name, r).exists()]
         if missing:
             raise RunFolderError(f"checkpoint {name} lacks the files of ranks {missing}")
-        entry = {"step": step, "dir": name, "epochs": epochs, "metrics_lines": self.metrics_lines}
+        lines = self.metrics_lines if metrics_lines is None else metrics_lines
+        entry = {"step": step, "dir": name, "epochs": epochs, "metrics_lines": lines}
         older = [e for e in self.checkpoint_sets() if e["dir"] != name and e["step"] <= step]
         kept = [entry, *older][:keep]
         index = {"step": step, "world_size": world_size, "dir": name, "checkpoints": kept}
@@ -362,11 +374,54 @@ class RunFolder:
     def load_worker_checkpoint(self, name: str, rank: int) -> dict:
         path = self.checkpoint_file(name, rank)
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the unpickler's notes on a damaged file's pickle protocol
+                return torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             raise RunFolderError(f"rank {rank}: checkpoint file {path} is missing") from None
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
-            raise RunFolderError(f"rank {rank}: cannot read checkpoint {path}: {exc}") from exc
+            raise RunFolderError(f"rank {rank}: cannot read checkpoint {path}: damaged ({_why_unreadable(exc)})") from None
+
+    def set_aside(self, names: list[str]) -> list[Path]:
+        """Take the damaged sets ``names`` out of the index and rename their folders
+        ``damaged-step-S...`` (kept for a look, never counted among the kept sets nor resumed
+        from nor pruned); returns the new paths. The index moves first: a crash in between
+        leaves a folder that no index names, which the next commit past its step deletes."""
+        names = [n for n in names if (self.checkpoints / n).is_dir()]
+        if not names:
+            return []
+        latest = self.checkpoints / "latest.json"
+        index = json.loads(latest.read_text())
+        kept = [e for e in self.checkpoint_sets() if e["dir"] not in names]
+        if kept:
+            index.update(step=kept[0]["step"], dir=kept[0]["dir"], checkpoints=kept)
+        else:
+            index["checkpoints"] = []
+        atomic_write_text(latest, json.dumps(index) + "\n")
+        moved = []
+        for name in names:
+            target = self.checkpoints / f"damaged-{name}"
+            n = 1
+            while target.exists():
+                n += 1
+                target = self.checkpoints / f"damaged-{name}.{n}"
+            os.replace(self.checkpoints / name, target)
+            moved.append(target)
+        return moved
+
+
+def _why_unreadable(exc: BaseException) -> str:
+    """One line on why torch could not load a checkpoint file: the cause, without torch's
+    advice (retrying with ``weights_only=False``, filing an issue) that fits a file from
+    elsewhere, not a run's own file cut short or overwritten."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        detail = next((line.strip() for line in text.split("WeightsUnpickler error:", 1)[1].splitlines() if line.strip()), "")
+        return f"not a checkpoint torch can read: {detail}" if detail else "not a checkpoint torch can read"
+    if isinstance(exc, EOFError):
+        return "the file ends early"
+    first = text.strip().splitlines()[0].split(". ")[0] if text.strip() else type(exc).__name__
+    return first
 
 
 def _step_of(name: str) -> float:

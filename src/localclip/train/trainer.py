@@ -20,7 +20,8 @@ tells every worker whether to checkpoint and stop there.
 
 A run whose validation shows a diverged model (``stop_on_divergence``) ends at that evaluation
 with its final one: every worker sees the same all-reduced loss, so they stop together with no
-extra collective, and no checkpoint of the diverged state is written.
+extra collective, and no checkpoint of the diverged state is written (nor, when the run trains
+on with ``stop_on_divergence`` off, any checkpoint after a validation that found it diverged).
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.diverged_at: int | None = None  # the step whose validation found the model diverged
+        # Whether the last validation found the model diverged (with stop_on_divergence or
+        # without): until the next one finds it finite, no checkpoint is written.
+        self._state_diverged = False
         self._bar = None  # the progress bar (rank 0, with progress on)
         # Owners of what the loop only calls: the step decay and the NT-ASGD-like average.
         outer = self.algorithm.averager.outer if config.outer_lr_decay else None
@@ -174,8 +178,9 @@ class Trainer:
             diverged = self.diverged_at is not None
             if cut and not diverged:
                 # The budget ends inside this epoch: keep the state before the final averaging,
-                # where a run with a larger budget would carry on.
-                self.save_checkpoint()
+                # where a run with a larger budget would carry on; written once the final
+                # evaluation shows that it did not diverge.
+                self.checkpointer.hold(self)
             self.algorithm.average()  # end of the epoch: every worker holds the average
             if self.metrics.interval_open:
                 self._log_train(bar)
@@ -197,7 +202,11 @@ class Trainer:
             self.checkpointer.restore_pending(self)
         if bar is not None:
             bar.set_postfix_str("final evaluation (valid, test)...", refresh=True)
-        final = self._log_eval(splits=("valid", "test"), final=True)
+        final = self._log_eval(splits=("valid", "test"), final=True, shown=bar)
+        if self._state_diverged:
+            self.checkpointer.drop_held()
+        else:
+            self.checkpointer.write_held()
         if bar is not None:
             bar.close()
         if self.run is None:
@@ -253,13 +262,14 @@ class Trainer:
         signum = int(flag.item())
         if not signum:
             return
-        self.save_checkpoint()
+        saved = self.save_checkpoint()
         self.comm.barrier()  # rank 0 has moved latest.json before anyone reports the stop
         if self._bar is not None:
             self._bar.close()  # the message that follows gets a line of its own
         name = {int(s): s.name for s in interrupt.SIGNALS}.get(signum, f"signal {signum}")
+        kept = "checkpoint saved" if saved else "the model had diverged, so the last checkpoint is the one before that"
         raise Interrupted(
-            f"interrupted by {name} at step {self.step} (epoch {self.epoch_progress():.4g}); checkpoint saved, resumable: "
+            f"interrupted by {name} at step {self.step} (epoch {self.epoch_progress():.4g}); {kept}, resumable: "
             f"run the same command with --resume"
         )
 
@@ -302,19 +312,22 @@ class Trainer:
             return
         self.epoch_average.end_of_epoch(result["val/ppl"])
 
-    def _evaluate(self, split: str, live_mean: bool = False) -> dict:
+    def _evaluate(self, split: str, live_mean: bool = False, shown=None) -> dict:
         """Evaluate once per (step, split, model scored): the final evaluation reuses the
         end-of-epoch one; the mean of the live models at an epoch's last step is not the model
-        after that epoch's averaging."""
+        after that epoch's averaging. ``shown``: a progress bar whose postfix follows this
+        worker's part of the evaluation."""
         key = (self.step, self.workload.split_name(split), self.epoch_average.count, live_mean)
         if key not in self._eval_cache:
-            self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split)}
+            progress = _EvalProgress(shown, split) if shown is not None else None
+            self._eval_cache = {**{k: v for k, v in self._eval_cache.items() if k[0] == self.step}, key: self.workload.evaluate(split, progress)}
         return self._eval_cache[key]
 
-    def _log_eval(self, splits, final: bool = False, live_mean: bool = False) -> dict:
+    def _log_eval(self, splits, final: bool = False, live_mean: bool = False, shown=None) -> dict:
         """Evaluate and log. ``live_mean``: score the mean of the workers' live models
         (:mod:`localclip.train.live_mean`), for an evaluation inside an epoch of a streaming run;
-        otherwise the model itself, which every worker holds after a round."""
+        otherwise the model itself, which every worker holds after a round. ``shown``: a
+        progress bar that shows how far each split is."""
         with self.live_mean.swapped_in() if live_mean else contextlib.nullcontext():
             # The evaluated average's weights, before the NT-ASGD average is swapped in.
             moved = self.metrics.movement()
@@ -322,10 +335,11 @@ class Trainer:
                 result = {}
                 for split in splits:
                     prefix = "val" if split == "valid" else "test"
-                    for k, v in self._evaluate(split, live_mean).items():
+                    for k, v in self._evaluate(split, live_mean, shown).items():
                         result[f"{prefix}/{k}"] = v
         self.metrics.log_evaluation(self.step, self.epoch_progress(), result, moved, final=final)
-        if self.config.stop_on_divergence and self.diverged_at is None and _diverged(result):
+        self._state_diverged = _diverged(result)
+        if self.config.stop_on_divergence and self.diverged_at is None and self._state_diverged:
             self.diverged_at = self.step
         return result
 
@@ -334,8 +348,27 @@ class Trainer:
     def state_dict(self) -> dict:
         return worker_state(self)
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self) -> bool:
+        """Checkpoint here, unless the last validation found the model diverged; whether it did
+        (every worker sees the same all-reduced validation, so they agree)."""
+        if self._state_diverged:
+            return False
         self.checkpointer.save(self)
+        return True
+
+
+class _EvalProgress:
+    """Shows on the progress bar how far an evaluation of ``split`` is, in whole percents
+    (rank 0's part, which the others' match: the columns are dealt out evenly)."""
+
+    def __init__(self, bar, split: str):
+        self.bar, self.split, self.shown = bar, split, -1
+
+    def __call__(self, fraction: float) -> None:
+        percent = int(100 * fraction)
+        if percent != self.shown:
+            self.shown = percent
+            self.bar.set_postfix_str(f"final evaluation: {self.split} {percent}%", refresh=True)
 
 
 def _resume_bar(bar, step: int) -> None:

@@ -9,6 +9,7 @@ images per worker) and summed with one all-reduce, so every worker gets the same
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -129,9 +130,10 @@ class LMWorkload:
     # -- evaluation ----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self, split: str) -> dict:
+    def evaluate(self, split: str, progress: Callable[[float], object] | None = None) -> dict:
         """Perplexity of the current model on ``valid`` or ``test``, with the reference's batch
-        sizes; each worker evaluates a subset of the batch's independent columns."""
+        sizes; each worker evaluates a subset of the batch's independent columns.
+        ``progress(fraction)`` is told how far this worker's part is, after each window."""
         source = self.corpus.split(split)
         if self.config.eval_tokens:
             source = source[: self.config.eval_tokens]
@@ -151,6 +153,8 @@ class LMWorkload:
                 hidden = out.hidden
                 total[0] += F.cross_entropy(out.logits.reshape(-1, self.ntokens), y.reshape(-1), reduction="sum").double().to(total.device)
                 total[1] += y.numel()
+                if progress is not None:
+                    progress(min(1.0, (i + bptt) / max(1, columns.size(0) - 1)))
             self.model.train(was_training)
         self.comm.all_reduce([total])
         loss = (total[0] / total[1]).item()
@@ -212,14 +216,18 @@ class ImageWorkload:
         self.stream.load_state_dict(state["stream"])
 
     @torch.no_grad()
-    def evaluate(self, split: str) -> dict:
-        """Accuracy and loss on the test set (both splits mean the test set here)."""
+    def evaluate(self, split: str, progress: Callable[[float], object] | None = None) -> dict:
+        """Accuracy and loss on the test set (both splits mean the test set here);
+        ``progress(fraction)`` as for :meth:`LMWorkload.evaluate`."""
         n = len(self.test_set)
         idx = torch.arange(self.comm.rank, n, self.comm.world_size)
         total = torch.zeros(3, dtype=torch.float64)
         was_training = self.model.training
         self.model.eval()
-        for chunk in idx.split(500):
+        chunks = idx.split(500)
+        for done, chunk in enumerate(chunks, 1):
+            if progress is not None:
+                progress((done - 1) / len(chunks))
             x, y = self.test_set.batch(chunk)
             if self.device.type != "cpu":
                 x, y = x.to(self.device), y.to(self.device)
