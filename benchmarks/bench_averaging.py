@@ -601,4 +601,8 @@ def _print_lowbit(res: dict, title: str, elapsed: float, repeats: int, link: Sha
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if "--_rank" in sys.argv:  # a --link worker: the parent records the table
+        sys.exit(main())
+    from _record import run
+
+    sys.exit(run("bench_averaging", main, sys.argv[1:]))

@@ -12,10 +12,28 @@ for 8 and 4 bits, rounding to nearest and stochastic (the same generator seed); 
 averages, residuals and bytes from simulated :func:`lowbit_average` rounds (2 and 3 workers,
 scratch buffers, error feedback, a worker left out, stochastic rounding). Then it times each
 operation on a 24,221,600-element tensor (the AWD-LSTM model), old and new alternating in each
-repeat, and prints the medians and the median of the paired ratios old / new (above 1: the
-working tree is faster). A round is one simulated ``lowbit_average`` of two workers taking
+repeat (by the process's CPU time: one thread), and prints the medians and the median of the
+paired ratios old / new (above 1: the working tree is faster). A round is one simulated ``lowbit_average`` of two workers taking
 turns (both workers' CPU time, with error feedback and reused scratch buffers, as the averager
 calls it).
+
+Beside each figure, what memory allows on this machine for the same bytes: each phase reads R
+and writes W bytes (encode: the float32 input, then the codes and the float32 scales, one per
+256 elements; decode: the reverse), and two passes that move only those bytes are timed with the
+codec, interleaved, at one thread and at all the threads this process may use (one thread is
+timed by the process's CPU time, as the codec is, which other jobs on a loaded machine inflate
+far less than the wall-clock; all threads by the wall-clock, meaningful on a quiet machine only):
+
+  copy   a float32 copy of (R + W) / 2 bytes: the same traffic, read and written by ``copy_``;
+  fused  one read-and-write pass with the phase's own shape, a converting copy reading R bytes
+         and writing W (float32 to uint8 for an encode, uint8 to float32 for a decode; int4's
+         half-size side by a stride-2 read or a broadcast write).
+
+and the working tree's codec figure is printed as a fraction of each (limit time / codec time,
+100 % = as fast as memory). A round's limit is its passes' sum: each of 2 workers encodes its n
+elements, decodes the n elements of its shard from both, re-encodes its shard (n/2) and decodes
+the gathered average (n); error feedback's residual reads and writes are left out, so the limit
+is a lower bound.
 """
 
 from __future__ import annotations
@@ -23,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import statistics
 import subprocess
 import sys
@@ -204,6 +223,52 @@ def operations(module, x: torch.Tensor, state: dict):
     return ops
 
 
+def phase_bytes(numel: int) -> dict:
+    """name -> (bytes read, bytes written) of one codec phase on ``numel`` float32 elements."""
+    scales = 4 * -(-numel // 256)
+    out = {}
+    for bits in (8, 4):
+        codes = numel * bits // 8
+        out[f"encode int{bits} nearest"] = out[f"encode int{bits} stochastic"] = (4 * numel, codes + scales)
+        out[f"decode int{bits}"] = (codes + scales, 4 * numel)
+    return out
+
+
+def limit_passes(numel: int) -> dict:
+    """name -> (copy, fused): zero-argument callables moving the bytes of :func:`phase_bytes`."""
+    src = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+    u8 = torch.randint(0, 255, (numel,), dtype=torch.uint8)
+    half_u8 = u8[: numel // 2]
+    f32_out, u8_out = torch.empty(numel), torch.empty(numel, dtype=torch.uint8)
+    copy_in, copy_out = {}, {}
+    passes = {}
+    for name, (read, written) in phase_bytes(numel).items():
+        n = (read + written) // 8  # float32 elements copied: (R + W) / 2 bytes
+        copy_in.setdefault(n, torch.randn(n))
+        copy_out.setdefault(n, torch.empty(n))
+        copy = lambda a=copy_out[n], b=copy_in[n]: a.copy_(b)  # noqa: E731
+        if name.startswith("encode int8"):
+            fused = lambda: u8_out.copy_(src)  # noqa: E731
+        elif name.startswith("encode int4"):
+            fused = lambda: u8_out[: numel // 2].copy_(src[: numel // 2 * 2: 2])  # noqa: E731
+        elif name == "decode int8":
+            fused = lambda: f32_out.copy_(u8)  # noqa: E731
+        else:
+            fused = lambda: f32_out[: numel // 2 * 2].view(-1, 2).copy_(half_u8.unsqueeze(1).expand(-1, 2))  # noqa: E731
+        passes[name] = (copy, fused)
+    return passes
+
+
+ROUND_PASSES = {8: ("encode int8 nearest", "decode int8"), 4: ("encode int4 nearest", "decode int4")}
+
+
+def round_limit(limits: dict, bits: int) -> float:
+    """A 2-worker round's limit from its passes' limits at ``numel`` (see the module docstring):
+    2 x (encode n + decode n + encode n/2 + decode n)."""
+    enc, dec = (limits[n] for n in ROUND_PASSES[bits])
+    return 2 * (enc + dec + enc / 2 + dec)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--against", default="main", help="git revision of lowbit.py to compare with (default: main)")
@@ -228,15 +293,28 @@ def main(argv=None) -> int:
     impls = {"old": operations(old, x, state), "new": operations(new, x, state)}
     names = [n for n in impls["new"] if not args.only or any(o in n for o in args.only)]
     times = {(impl, n): [] for impl in impls for n in names}
+    passes = limit_passes(args.numel)
+    all_threads = len(os.sched_getaffinity(0))
+    limits = {(kind, threads, n): [] for kind in ("copy", "fused") for threads in (1, all_threads) for n in passes}
     for rep in range(args.warmup + args.repeats):
         for n in names:
             order = ("old", "new") if rep % 2 == 0 else ("new", "old")
             for impl in order:
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 impls[impl][n]()
-                dt = time.perf_counter() - t0
+                dt = time.process_time() - t0
                 if rep >= args.warmup:
                     times[(impl, n)].append(dt)
+        for threads in (1, all_threads):  # the memory limits, in the same repeat
+            torch.set_num_threads(threads)
+            clock = time.process_time if threads == 1 else time.perf_counter
+            for n, fns in passes.items():
+                for kind, fn in zip(("copy", "fused"), fns):
+                    t0 = clock()
+                    fn()
+                    if rep >= args.warmup:
+                        limits[(kind, threads, n)].append(clock() - t0)
+        torch.set_num_threads(1)
 
     print(f"\n{args.numel:,} float32 elements, 1 thread, {args.repeats} repeats interleaved "
           f"(old = {args.against}, new = working tree); ratio old / new, above 1 is faster")
@@ -246,8 +324,32 @@ def main(argv=None) -> int:
         paired = statistics.median(a / b for a, b in zip(o, w))
         print(f"{n:<28} {1e3 * statistics.median(o):>9.1f} {1e3 * statistics.median(w):>9.1f} "
               f"{statistics.median(o) / statistics.median(w):>7.2f} {paired:>7.2f}")
+
+    med = {k: statistics.median(v) for k, v in limits.items()}
+    print(f"\nThe working tree's codec against what memory allows for the same bytes (limit ms; codec as % of the "
+          f"limit, 100 % = memory speed), at 1 and {all_threads} threads (the codec itself runs on 1):")
+    print(f"{'operation':<28} {'new ms':>8} {'MB r+w':>7} {'copy 1T':>8} {'fused 1T':>9} {f'copy {all_threads}T':>8} "
+          f"{f'fused {all_threads}T':>9} {'%copy 1T':>9} {'%fused 1T':>10} {f'%copy {all_threads}T':>9} {f'%fused {all_threads}T':>10}")
+    sizes = phase_bytes(args.numel)
+    for n in names:
+        new_ms = statistics.median(times[("new", n)])
+        if n in passes:
+            lim = [med[(kind, threads, n)] for threads in (1, all_threads) for kind in ("copy", "fused")]
+            mb = sum(sizes[n]) / 1e6
+        elif n.startswith("round"):
+            bits = 8 if "int8" in n else 4
+            lim = [round_limit({p: med[(kind, threads, p)] for p in ROUND_PASSES[bits]}, bits)
+                   for threads in (1, all_threads) for kind in ("copy", "fused")]
+            mb = 2 * sum(sum(sizes[p]) * f for p, f in zip(ROUND_PASSES[bits], (1.5, 2))) / 1e6
+        else:
+            continue
+        print(f"{n:<28} {1e3 * new_ms:>8.1f} {mb:>7.0f} " + " ".join(f"{1e3 * t:>{w}.1f}" for t, w in zip(lim, (8, 9, 8, 9)))
+              + " " + " ".join(f"{100 * t / new_ms:>{w}.0f}%" for t, w in zip(lim, (8, 9, 8, 9))))
+    print("Target (issue 44): the codec's throughput per phase >= 40 % of the memory-copy limit on one thread.")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _record import run
+
+    sys.exit(run("bench_codec", main, sys.argv[1:]))

@@ -105,4 +105,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from _record import run
+
+    sys.exit(run("bench_runtimes", main))

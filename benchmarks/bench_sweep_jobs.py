@@ -55,4 +55,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from _record import run
+
+    sys.exit(run("bench_sweep_jobs", main))

@@ -116,4 +116,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _record import run
+
+    sys.exit(run("bench_torchft", main, sys.argv[1:]))

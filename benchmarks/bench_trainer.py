@@ -40,6 +40,7 @@ def trainer_overhead(config, blocks: int, block_steps: int) -> tuple[list[float]
         # The bare loop: its own model of the same architecture, plain ClippedSGD.
         model = type(trainer.model)(workload.ntokens, **config.model_options)
         opt = ClippedSGD(model.parameters(), lr=config.lr, gamma=config.gamma)
+        opt.measure_step_length = False  # as the trainer's steps here (none is sampled)
         hidden = model.init_hidden(config.batch_size)
         bare_times, trainer_times, bare_wall, trainer_wall = [], [], [], []
         for _ in range(blocks):
@@ -98,4 +99,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from _record import run
+
+    sys.exit(run("bench_trainer", main))

@@ -4,7 +4,8 @@ A run's ``metrics.jsonl`` records, per logging interval, the mean norm of the wo
 gradients (``grad/local_norm``), the norm of their mean (``grad/mean_norm``, sampled once per
 interval), how often the algorithm clipped (``clip/fraction``: for naive parallel clipping the
 mean gradient, for CELGC each worker's own), how often a worker's own gradient exceeds the clip
-norm (``clip/local_fraction``), the mean length of a local step (``step/length``) and, per
+norm (``clip/local_fraction``), the length of a local step (``step/length``, sampled once per
+interval) and, per
 evaluation, the averaged model's displacement against the workers' mean path
 (``move/efficiency``; see :mod:`localclip.train.metrics`). This module averages them per epoch
 into ``mechanism.csv`` and draws ``mechanism.png``, one panel per statistic, one line per run.
@@ -25,7 +26,7 @@ STATISTICS = (
     ("grad/mean_norm", "norm of the workers' mean gradient", True),
     ("clip/fraction", "fraction of steps the algorithm clipped", False),
     ("clip/local_fraction", "fraction of steps a worker's own gradient exceeds γ/η", False),
-    ("step/length", "mean length of a local step ‖Δx‖", True),
+    ("step/length", "length of a local step ‖Δx‖", True),
     ("move/efficiency", "averaged model's displacement / workers' mean path", False),
 )
 

@@ -88,6 +88,12 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
     Clip statistics are kept as tensors, so reading them is the only host synchronisation:
     :attr:`clip_fraction` (clipped steps / steps), :attr:`last_grad_norm`.
 
+    :attr:`last_step_length` costs extra passes over the gradients and parameters (with weight
+    decay, momentum, or several groups), as much as the update itself, so it is computed only
+    while :attr:`measure_step_length` is true (the default); with it false a step is the norm and
+    the update alone and :attr:`last_step_length` is NaN. The trainer turns it on for the steps
+    whose statistics it samples (:mod:`localclip.train.metrics`). It changes no parameter.
+
     Precision: the norm and the clipped step size are computed in the parameters' precision
     (float64 parameters get a float64 norm and step, exact to rounding); float16 and bfloat16
     gradients are accumulated in float32, and their step size stays float32 on the fused path.
@@ -137,7 +143,8 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
         self._skipped_steps = torch.zeros((), dtype=torch.long, device=device)
         self._steps = 0
         self._last_grad_norm = torch.full((), math.nan, device=device)
-        self._last_step_length = torch.full((), math.nan, device=device)
+        self._last_step_length = self._not_measured = torch.full((), math.nan, device=device)
+        self.measure_step_length = True
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -190,7 +197,8 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
         # A non-finite gradient skips the step on the device (no host sync on the fused path).
         found_inf = None if norm is None else (~torch.isfinite(norm)).float()
         clipped = None
-        lengths = []  # per group: step size · ‖direction‖, where known without another pass
+        measure = self.measure_step_length
+        lengths = []  # per group: step size · ‖direction‖, when measured
         for group, params in zip(self.param_groups, per_group):
             if not params:
                 continue
@@ -200,7 +208,7 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
                 clipped = hit if clipped is None else clipped | hit
             bufs = [self.state[p].get("momentum_buffer") for p in params]
             # Without momentum the direction g + wd·x is known before the step only.
-            direction = _plain_direction_norm(group, params, norm, len(per_group)) if group["momentum"] == 0 else None
+            direction = _plain_direction_norm(group, params, norm, len(per_group)) if measure and group["momentum"] == 0 else None
             clipped_sgd(
                 params, [p.grad for p in params], bufs, step_size,
                 weight_decay=group["weight_decay"], momentum=group["momentum"],
@@ -210,8 +218,9 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
             if group["momentum"] != 0:
                 for p, buf in zip(params, bufs):
                     self.state[p]["momentum_buffer"] = buf
-            lengths.append((direction if direction is not None else _momentum_direction_norm(group, bufs)) * step_size)
-        self._last_step_length = _step_length(lengths, found_inf)
+            if measure:
+                lengths.append((direction if direction is not None else _momentum_direction_norm(group, bufs)) * step_size)
+        self._last_step_length = _step_length(lengths, found_inf) if measure else self._not_measured
         self._steps += 1
         if clipped is not None:
             self._clipped_steps += clipped.to(self._clipped_steps.device)
@@ -222,7 +231,8 @@ class ClippedSGD(ClipStatistics, torch.optim.Optimizer):
     @property
     def last_step_length(self) -> Tensor:
         """‖x_after − x_before‖ of the last step, ``step size · ‖d‖`` (a 0-dim tensor; 0 for a
-        skipped step; NaN with Nesterov momentum, whose direction is not kept)."""
+        skipped step; NaN with Nesterov momentum, whose direction is not kept, and for a step
+        taken while :attr:`measure_step_length` was false)."""
         return self._last_step_length
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -346,7 +356,45 @@ def clipped_sgd(
     if found_inf is not None and bool(found_inf):
         return
     impl = _multi_tensor_clipped_sgd if foreach or foreach is None else _single_tensor_clipped_sgd
-    impl(params, grads, momentum_buffers, step_size, **hyper)
+    if (momentum != 0 and any(b is None for b in momentum_buffers)) or len({x.dtype for x in params}) > 1:
+        # The first step fills the buffers; mixed dtypes take the step size in the first one's.
+        impl(params, grads, momentum_buffers, step_size, **hyper)
+        return
+    for wave in _block_waves(params, grads, momentum_buffers):
+        impl(*wave, step_size, **hyper)
+
+
+# Elements per wave of blocks (1 MiB of float32): the direction g + wd·x is written into a
+# temporary of this size, which the allocator hands out again at the next wave, where a whole
+# model-size temporary is fresh memory at every step (its page faults cost 5-10x an in-place pass
+# over the parameters on the CPUs measured in docs/benchmarks.md). A multiple of every vector
+# width, so each block starts where a whole-tensor pass would start a vector.
+_BLOCK = 1 << 18
+
+
+def _block_waves(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor | None]):
+    """``(params, grads, bufs)`` lists of flat slices of at most :data:`_BLOCK` elements together:
+    the same elements as the whole tensors, in cache-sized waves. CPU tensors only, and only
+    where parameter, gradient and buffer are contiguous alike; any other tensor comes whole, in a
+    wave of its own. Every op of the update is elementwise, so slicing changes no bit."""
+    wave: tuple[list, list, list] = ([], [], [])
+    size = 0
+    for x, g, b in zip(params, grads, bufs):
+        if x.device.type != "cpu" or not (x.is_contiguous() and g.is_contiguous() and (b is None or b.is_contiguous())):
+            yield [x], [g], [b]
+            continue
+        x, g, b = x.view(-1), g.view(-1), None if b is None else b.view(-1)
+        for start in range(0, x.numel(), _BLOCK):
+            n = min(_BLOCK, x.numel() - start)
+            if size + n > _BLOCK and size:
+                yield wave
+                wave, size = ([], [], []), 0
+            wave[0].append(x[start:start + n])
+            wave[1].append(g[start:start + n])
+            wave[2].append(None if b is None else b[start:start + n])
+            size += n
+    if size:
+        yield wave
 
 
 def _step_dtype(dtype: torch.dtype) -> torch.dtype:

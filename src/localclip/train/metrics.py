@@ -1,13 +1,17 @@
 """What a run records about itself: the record of every logging interval and of every evaluation.
 
 Per logging interval (:meth:`RunMetrics.log_interval`), besides the loss: what explains a run's
-progress, namely the mean norm of the workers' own gradients, the norm of their mean (sampled at
-the interval's last step, with one gradient all-reduce kept out of the algorithm's traffic and
-timings), how often the algorithm clipped and how often a local gradient exceeds the clip norm,
-the mean length of a local step, the rounds and bytes so far, the compute and communication
-seconds, lr and γ. Per evaluation (:meth:`RunMetrics.log_evaluation`): the scores, and how far the
-evaluated (averaged) model moved since the last evaluation against the mean path the workers'
-local steps walked (``move/efficiency``).
+progress, namely the mean norm of the workers' own gradients, how often the algorithm clipped and
+how often a local gradient exceeds the clip norm (every step), the norm of the workers' mean
+gradient and the length of a local step (sampled at the interval's last step: the first costs one
+gradient all-reduce kept out of the algorithm's traffic and timings, the second extra passes over
+the gradients and parameters that the optimizer makes only when asked, see
+:attr:`~localclip.optim.ClippedSGD.measure_step_length`), the rounds and bytes so far, the compute
+and communication seconds, lr and γ. Per evaluation (:meth:`RunMetrics.log_evaluation`): the
+scores, and how far the evaluated (averaged) model moved since the last evaluation against the
+mean path the workers' local steps walked (``move/efficiency``; each sampled step length counts
+for every step of its interval, so an evaluation inside an interval leaves that interval's steps
+to the next evaluation's path).
 
 The statistics accumulate on the device with no host read; at a log step one small all-reduce
 sums them over the workers, which every worker reaches at the same step. Rank 0 alone writes
@@ -42,10 +46,11 @@ class RunMetrics:
         # loss sum, steps; the third slot is unused but stays so that checkpoints keep their shape
         self.interval = torch.zeros(3, dtype=torch.float64, device=device)
         self.clipped_seen = 0
-        # Per interval, summed over this worker's steps: local gradient norm, local step length,
-        # steps whose local gradient exceeds the clip norm, the sampled norm of the mean
-        # gradient, and the number of such samples.
+        # Per interval, summed over this worker's steps: local gradient norm, the sampled local
+        # step length, steps whose local gradient exceeds the clip norm, the sampled norm of the
+        # mean gradient, and the number of sampled steps.
         self.step_stats = torch.zeros(5, dtype=torch.float64, device=device)
+        self.sampled = False  # whether the step in progress is sampled
         self.probe_cost = (0.0, 0.0, 0.0)  # (clock, comm, waited) seconds of this step's sample
         # The model at the last evaluation (all workers hold the same one there) and the length
         # of the path this worker's local steps walked since.
@@ -70,9 +75,12 @@ class RunMetrics:
         self.time_compute += dt - comm_dt - (self.comm.waited - waited_before - probe_waited)
 
     def gradients_ready(self, sample_mean: bool) -> None:
-        """After the backward pass, before the algorithm's step: with ``sample_mean``, add the norm
-        of the workers' mean gradient to this interval's samples (every worker must pass the same
-        value)."""
+        """After the backward pass, before the algorithm's step: with ``sample_mean``, sample this
+        step: add the norm of the workers' mean gradient to this interval's samples, and have the
+        optimizer measure the length of its step (every worker must pass the same value)."""
+        self.sampled = sample_mean
+        if hasattr(self.algorithm.optimizer, "measure_step_length"):
+            self.algorithm.optimizer.measure_step_length = sample_mean
         self.probe_cost = self._sample_mean_gradient() if sample_mean else (0.0, 0.0, 0.0)
 
     @torch.no_grad()
@@ -93,14 +101,16 @@ class RunMetrics:
     def step_taken(self) -> None:
         """After the algorithm's step: accumulate its statistics on the device (no host read)."""
         norm = self.algorithm.local_grad_norm.double()
-        length = getattr(self.algorithm.optimizer, "last_step_length", None)
-        length = length.double() if length is not None else torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         self.step_stats[0] += norm
-        self.step_stats[1] += length
         group = self.algorithm.param_groups[0]
         if "gamma" in group:
             self.step_stats[2] += (norm * group["lr"] > group["gamma"]).double()
-        self.path += length
+        if self.sampled:
+            length = getattr(self.algorithm.optimizer, "last_step_length", None)
+            length = length.double() if length is not None else torch.tensor(math.nan, dtype=torch.float64, device=self.device)
+            self.step_stats[1] += length
+            # The sampled length counts for every step of the interval so far, this one included.
+            self.path += length * (self.interval[1] + 1)
 
     def count_loss(self, loss: torch.Tensor) -> None:
         """Add a finished step's training loss to the interval."""
@@ -140,7 +150,7 @@ class RunMetrics:
             "clip/local_fraction": local_hits / steps if "gamma" in group else None,
             "grad/local_norm": norm_sum / steps,
             "grad/mean_norm": mean_norm_sum / samples if samples else None,
-            "step/length": length_sum / steps,
+            "step/length": length_sum / samples if samples else None,
             "comm/rounds": self.algorithm.rounds,
             "comm/bytes": self.algorithm.bytes_communicated,
             "time/compute": t_compute / self.world_size,

@@ -122,8 +122,9 @@ class Trainer:
     def train_step(self, batch, scale: float = 1.0, sample_mean_gradient: bool = False) -> torch.Tensor:
         """One local step: forward, backward, and the algorithm's step (which may communicate).
 
-        ``sample_mean_gradient``: before the step, all-reduce the workers' gradients to record
-        the norm of their mean (every worker must pass the same value)."""
+        ``sample_mean_gradient``: sample this step's statistics: before the step, all-reduce the
+        workers' gradients to record the norm of their mean; after it, record the length of the
+        local step (every worker must pass the same value)."""
         self._set_step_size(scale)
         if self.device.type != "cpu":
             batch = devices.move(batch, self.device)
@@ -237,7 +238,11 @@ class Trainer:
         for batch, scale in self.workload.batches():
             self.position += 1
             with self.metrics.timed_step():
-                loss = self.train_step(batch, scale, sample_mean_gradient=(self.step + 1) % cfg.log_interval == 0)
+                # Sampled: the last step of each logging interval and of each epoch (whose last
+                # interval is logged early); not where a budget cuts the run, which a run with a
+                # larger budget passes without a sample.
+                last = (self.step + 1) % cfg.log_interval == 0 or self.position >= self._num_batches
+                loss = self.train_step(batch, scale, sample_mean_gradient=last)
             self.step += 1
             self.metrics.count_loss(loss)
             if bar is not None:
