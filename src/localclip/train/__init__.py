@@ -10,6 +10,7 @@ from pathlib import Path
 from localclip.errors import ConfigError, LocalclipError, RunFolderError
 from localclip.algorithms import ALGORITHMS
 from localclip.provenance import code_version
+from localclip.train.capacity import group_size
 from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
@@ -45,6 +46,8 @@ def run_training(
     config_json = run_config_json(config)
     if runtime not in launch.RUNTIMES:
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
+    if config.non_participants == "idle" and runtime != "simulate":
+        raise ConfigError(f"Invalid --runtime: {runtime!r} with non_participants=idle (its slots run in the simulator: use simulate)")
     if runtime == "torchrun":
         return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
     _check_corpus(config)
@@ -56,7 +59,7 @@ def run_training(
         backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
         try:
             with interrupt.catch():
-                results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout, **backend)
+                results = launch.run_workers(runtime, run_worker, group_size(config), config, out, checkpoints, progress, timeout=config.timeout, **backend)
         except BaseException:
             run.remove_created()  # a run that failed before its first record leaves no folder behind
             raise
