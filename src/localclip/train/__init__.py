@@ -10,7 +10,7 @@ from pathlib import Path
 from localclip.errors import ConfigError, LocalclipError, RunFolderError
 from localclip.algorithms import ALGORITHMS
 from localclip.provenance import code_version
-from localclip.train.capacity import group_size
+from localclip.train.capacity import check_memory, group_size
 from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
@@ -52,6 +52,7 @@ def run_training(
         return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
     _check_corpus(config)
     check_data(config)
+    check_memory(config, runtime)
     run = RunFolder(out)
     try:
         checkpoints = run.prepare(config_json, resume=resume)
