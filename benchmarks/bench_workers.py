@@ -50,7 +50,8 @@ def child(args) -> None:
     from localclip.train import run_training
 
     cfg = dataclasses.replace(
-        get_recipe("ptb-small"), **json.loads(args.child), max_steps=args.steps, eval_tokens=args.eval_tokens,
+        # Epochs enough for the steps (an epoch of 1000 workers is 9 steps): max_steps ends the run.
+        get_recipe("ptb-small"), **json.loads(args.child), max_steps=args.steps, epochs=float(args.steps), eval_tokens=args.eval_tokens,
         data_root=args.data_root, loggers=[], seed=args.seed,
     )
     threads = []
@@ -111,12 +112,12 @@ def main() -> None:
         f"torch {version['torch']}, commit {version['commit']}{' (dirty)' if version['dirty'] else ''}",
         f"load avg before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}",
         "",
-        f"{'run':<26}{'loop s/step':>12}{'wall s':>9}{'peak MiB':>10}{'threads':>9}{'val ppl':>10}{'speed ratio':>13}{'memory ratio':>14}",
+        f"{'run':<26}{'steps':>6}{'loop s/step':>12}{'wall s':>9}{'peak MiB':>10}{'threads':>9}{'val ppl':>10}{'speed ratio':>13}{'memory ratio':>14}",
     ]
     for name, r in results.items():
         speed = (r["loop"] / r["steps"]) / (base["loop"] / base["steps"])
         memory = r["maxrss"] / base["maxrss"]
-        lines.append(f"{name:<26}{r['loop'] / r['steps']:>12.3f}{r['wall']:>9.1f}{r['maxrss'] / 2**20:>10.0f}{r['threads']:>9}"
+        lines.append(f"{name:<26}{r['steps']:>6}{r['loop'] / r['steps']:>12.3f}{r['wall']:>9.1f}{r['maxrss'] / 2**20:>10.0f}{r['threads']:>9}"
                      f"{r['val_ppl']:>10.1f}{speed:>13.2f}{memory:>14.2f}")
     lines.append("ratios: the run's loop time per step and peak memory over the baseline's (targets: about 1, under 2)")
     text = "\n".join(lines)
