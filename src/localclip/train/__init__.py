@@ -30,7 +30,8 @@ def run_training(
     """Train ``config`` into the run folder ``out``; return the summary (rank 0's under torchrun).
 
     Everything that can be checked is checked before the folder is touched: the config, the
-    model options, the corpus and the folder itself (see :meth:`RunFolder.prepare`). On
+    model options, the corpus, the memory the run needs (:func:`localclip.train.capacity.check_memory`)
+    and the folder itself (see :meth:`RunFolder.prepare`). On
     SIGTERM/SIGINT the workers checkpoint and :class:`~localclip.errors.Interrupted` is raised.
     """
     from localclip import interrupt, launch

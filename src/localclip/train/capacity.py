@@ -5,7 +5,7 @@ The estimate of one worker is ten float32 copies of its model's parameters (the 
 their gradients, the averaging round's flat buffers and anchor, optimizer state, the NT-ASGD
 average, with slack for the evaluation's copies) plus four copies of one batch's logits (the
 forward and backward of the loss) plus its copy of the training tokens. On ptb-small (2.6 M
-parameters, 10,000 words) that is 135 MiB; measured: 108 MiB more peak memory per added worker
+parameters, 10,000 words) that is 124 MiB; measured: 105 MiB more peak memory per added worker
 (8 simulated workers against 1, 2-core AMD EPYC, torch 2.13). A simulated run adds one process,
 a spawned run one process per worker (:data:`PROCESS_BYTES`, ``import torch`` and localclip).
 """
