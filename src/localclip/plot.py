@@ -78,6 +78,8 @@ def load_run(folder: str | Path) -> dict:
         label += " hetero"
     if config.get("participants"):
         label += f" K={config['participants']}"
+        if config.get("non_participants") == "idle":
+            label += " idle"
     if config.get("momentum"):
         label += f" μ={config['momentum']}"
     if config.get("outer_optimizer", "none") != "none":

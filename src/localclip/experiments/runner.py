@@ -397,6 +397,8 @@ def _short(cfg: TrainConfig) -> str:
         text += " heterogeneous"
     if r.participants:
         text += f" K={r.participants}"
+        if r.non_participants == "idle":
+            text += " idle"
     if r.seed != 2020:
         text += f" seed={r.seed}"
     if r.outer_optimizer != "none":

@@ -11,6 +11,7 @@ from pathlib import Path
 from localclip.errors import ConfigError, LocalclipError, RunFolderError
 from localclip.algorithms import ALGORITHMS
 from localclip.provenance import code_version
+from localclip.train.capacity import check_memory, group_size
 from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
@@ -31,10 +32,11 @@ def run_training(
     """Train ``config`` into the run folder ``out``; return the summary (rank 0's under torchrun).
 
     Everything that can be checked is checked before the folder is touched: the config, the
-    model options, the folder itself (see :meth:`RunFolder.prepare`: a folder in use by another
-    process, a resume whose config differs), then the corpus, in that order, so that a refused
-    folder is one line and costs no download. ``fetch_corpus(config)``, if given, is called
-    between the two (the ``localclip`` command downloads a missing corpus there). On
+    model options, the memory the run needs (:func:`localclip.train.capacity.check_memory`), the
+    folder itself (see :meth:`RunFolder.prepare`: a folder in use by another process, a resume
+    whose config differs), then the corpus, in that order, so that a refused folder is one line
+    and costs no download. ``fetch_corpus(config)``, if given, is called between the last two
+    (the ``localclip`` command downloads a missing corpus there). On
     SIGTERM/SIGINT the workers checkpoint and :class:`~localclip.errors.Interrupted` is raised.
     """
     from localclip import interrupt, launch
@@ -50,8 +52,11 @@ def run_training(
     config_json = run_config_json(config)
     if runtime not in launch.RUNTIMES:
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
+    if config.non_participants == "idle" and runtime != "simulate":
+        raise ConfigError(f"Invalid --runtime: {runtime!r} with non_participants=idle (its slots run in the simulator: use simulate)")
     if runtime == "torchrun":
         return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
+    check_memory(config, runtime)
     run = RunFolder(out)
     try:
         checkpoints = run.prepare(config_json, resume=resume)
@@ -63,7 +68,7 @@ def run_training(
         backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
         try:
             with interrupt.catch():
-                results = launch.run_workers(runtime, run_worker, config.workers, config, out, checkpoints, progress, timeout=config.timeout, **backend)
+                results = launch.run_workers(runtime, run_worker, group_size(config), config, out, checkpoints, progress, timeout=config.timeout, **backend)
         except BaseException:
             run.remove_created()  # a run that failed before its first record leaves no folder behind
             raise

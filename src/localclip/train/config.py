@@ -138,6 +138,11 @@ class TrainConfig:
     """Each worker keeps its own shard (no rotation) instead of rotating shards every epoch."""
     participants: int | None = None
     """Partial participation: K of N workers are averaged each round."""
+    non_participants: str = "train"
+    """What a worker not sampled for a round does in that round's period: ``train`` (it trains
+    from the last average like every worker, and the average then replaces its model) or
+    ``idle`` (it does nothing, as in FedAvg: only the K sampled train, so the simulator holds K
+    workers, not N; see docs/algorithm.md, "Partial participation")."""
     similarity: float = 0.0
     """Heterogeneous image data: fraction of each worker's data drawn iid, the rest label-sorted."""
 
@@ -210,6 +215,7 @@ class TrainConfig:
             bad("max_steps", "must be >= 1")
         if self.participants is not None and not 1 <= self.participants <= self.workers:
             bad("participants", f"must be in [1, workers={self.workers}]")
+        _validate_non_participants(self, bad)
         if not isinstance(self.stop_on_divergence, bool):
             bad("stop_on_divergence", "expected true or false")
         if self.on_nonfinite not in ("skip", "raise"):
@@ -292,6 +298,34 @@ class TrainConfig:
         from localclip import jsonio
 
         return jsonio.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+NON_PARTICIPANTS = ("train", "idle")
+
+
+def _validate_non_participants(cfg: TrainConfig, bad) -> None:
+    """``idle`` non-participants keep nothing of their own between their rounds, so a run whose
+    workers carry state from one of their periods to the next (momentum kept per worker, an
+    error-feedback residual, a fragment schedule, EPISODE's corrections) is refused with it."""
+    if cfg.non_participants not in NON_PARTICIPANTS:
+        bad("non_participants", f"expected one of {', '.join(NON_PARTICIPANTS)}")
+    if cfg.non_participants == "train":
+        return
+    why = None
+    if cfg.participants is None or cfg.participants >= cfg.workers:
+        why = f"needs partial participation, participants K < workers={cfg.workers}"
+    elif cfg.task != "lm":
+        why = f"applies to the lm task, not task={cfg.task}"
+    elif cfg.algorithm not in ("celgc", "local-sgd"):
+        why = f"applies to algorithm=celgc|local-sgd, not {cfg.algorithm}"
+    elif cfg.optimizer_state == "local" and (cfg.momentum or cfg.inner_optimizer != "clipped_sgd"):
+        why = "keeps no optimizer state per worker: use optimizer_state=average or reset"
+    elif cfg.compression in ("int8", "int4") and cfg.error_feedback:
+        why = f"keeps no error-feedback residual per worker: set error_feedback=false with compression={cfg.compression}"
+    elif cfg.fragments != 1 or cfg.overlap:
+        why = "applies to blocking whole-model rounds (fragments=1, overlap=0)"
+    if why is not None:
+        bad("non_participants", f"idle {why}")
 
 
 def _validate_inner_optimizer(cfg: TrainConfig, bad) -> None:

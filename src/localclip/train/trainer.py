@@ -46,6 +46,7 @@ from localclip.train.asgd import EpochAverage
 from localclip.train.checkpointing import Checkpointer, agree_on_checkpoint, worker_state
 from localclip.train.live_mean import LiveMean
 from localclip.train.metrics import RunMetrics
+from localclip.train.roster import Roster
 from localclip.train.run_folder import RunFolder
 from localclip.train.workloads import make_workload
 
@@ -69,13 +70,18 @@ class Trainer:
         self.config = config
         self.comm = current()
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
-        if self.world_size != config.workers:
-            raise ConfigError(f"rank {self.rank}: the config asks for {config.workers} workers but the group has {self.world_size}")
+        # With idle non-participants the group is the K slots that play the sampled workers.
+        self.roster = Roster(config.workers, config.participants, config.seed) if config.non_participants == "idle" else None
+        group = config.workers if self.roster is None else self.roster.slots
+        if self.world_size != group:
+            raise ConfigError(f"rank {self.rank}: the config asks for {group} workers but the group has {self.world_size}")
         # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
         self.run_folder = run_folder
         self.run = run_folder if self.rank == 0 else None
         self.device = devices.resolve(config.device)
         self.workload = make_workload(config, self.comm, self.device)
+        if self.roster is not None:
+            self.workload.workers = config.workers
         self.model = self.workload.model
         self.model.train()
         self.algorithm = build_algorithm(config, self.model, self.comm)
@@ -168,8 +174,10 @@ class Trainer:
             if bar is not None and bar.total is None:
                 bar.total = self._planned_steps(num_batches)  # known once an epoch's batches are
                 bar.refresh()
-            if self.checkpointer.restore_pending(self) and bar is not None:
+            restored = self.checkpointer.restore_pending(self)
+            if restored and bar is not None:
                 _resume_bar(bar, self.step)
+            self._play(fresh=not restored)
             limit = self._epoch_limit(epoch, num_batches)
             self._num_batches = num_batches
             self.position = self.workload_position()
@@ -182,7 +190,10 @@ class Trainer:
                 # where a run with a larger budget would carry on; written once the final
                 # evaluation shows that it did not diverge.
                 self.checkpointer.hold(self)
+            rounds = self._rounds()
             self.algorithm.average()  # end of the epoch: every worker holds the average
+            if self._rounds() != rounds:
+                self._play()
             if self.metrics.interval_open:
                 self._log_train(bar)
             if cut or diverged:
@@ -237,6 +248,7 @@ class Trainer:
         cfg = self.config
         for batch, scale in self.workload.batches():
             self.position += 1
+            rounds = self._rounds()
             with self.metrics.timed_step():
                 # Sampled: the last step of each logging interval and of each epoch (whose last
                 # interval is logged early); not where a budget cuts the run, which a run with a
@@ -244,6 +256,8 @@ class Trainer:
                 last = (self.step + 1) % cfg.log_interval == 0 or self.position >= self._num_batches
                 loss = self.train_step(batch, scale, sample_mean_gradient=last)
             self.step += 1
+            if self._rounds() != rounds:
+                self._play()
             self.metrics.count_loss(loss)
             if bar is not None:
                 bar.update(1)
@@ -257,6 +271,23 @@ class Trainer:
                 self.save_checkpoint()
             if self.step % self._agree_every == 0:
                 self._stop_if_requested()
+
+    def _rounds(self) -> int:
+        """Model-averaging rounds so far (what partial participation's draws are indexed by)."""
+        averager = getattr(self.algorithm, "averager", None)
+        return averager.rounds if averager is not None else 0
+
+    def _play(self, fresh: bool = True) -> None:
+        """With idle non-participants: take on the worker this slot plays until the next round
+        (:mod:`localclip.train.roster`); ``fresh=False`` right after a resume, whose checkpoint
+        holds that worker's recurrent state and dropout stream already."""
+        if self.roster is None:
+            return
+        index = self._rounds()
+        worker = self.roster.worker(index, self.rank)
+        self.workload.play(worker, fresh=fresh)
+        if fresh:
+            self.generator.manual_seed(self.roster.dropout_seed(worker, index))
 
     def _stop_if_requested(self) -> None:
         """At an agreement point: if any worker was asked to stop, every worker checkpoints here
@@ -301,8 +332,12 @@ class Trainer:
         except ImportError:
             return None
         total = self.config.max_steps
-        self._bar = tqdm(total=total, initial=self.step, desc=f"{self.config.algorithm} N={self.world_size} I={self.config.period}", unit="step", dynamic_ncols=True, leave=False)
+        self._bar = tqdm(total=total, initial=self.step, desc=f"{self.config.algorithm} N={self.config.workers}{self._participants_label()} I={self.config.period}", unit="step", dynamic_ncols=True, leave=False)
         return self._bar
+
+    def _participants_label(self) -> str:
+        k = self.config.participants
+        return "" if k is None or k >= self.config.workers else f" K={k}"
 
     # -- metrics -------------------------------------------------------------------------------
 

@@ -87,18 +87,35 @@ class LMWorkload:
         self.schedule = data.BPTTSchedule(config.bptt, seed=config.seed, variable=config.variable_bptt)
         self.hidden = None
         self.stream = None
+        # Whose shard this worker trains on, of how many: its own, unless it is a slot that plays
+        # one of N workers (localclip.train.roster), which sets both.
+        self.worker, self.workers = comm.rank, comm.world_size
+        self.epoch = 0
 
     # -- training ------------------------------------------------------------------------------
 
+    def _shard(self) -> torch.Tensor:
+        return data.worker_shard(
+            self.corpus.train, rank=self.worker, world_size=self.workers,
+            batch_size=self.config.batch_size, epoch=self.epoch, heterogeneous=self.config.heterogeneous,
+        )
+
     def start_epoch(self, epoch: int) -> int:
         """Prepare ``epoch``'s batches; returns how many there are (the same on every worker)."""
-        shard = data.worker_shard(
-            self.corpus.train, rank=self.comm.rank, world_size=self.comm.world_size,
-            batch_size=self.config.batch_size, epoch=epoch, heterogeneous=self.config.heterogeneous,
-        )
-        self.stream = data.LMBatchStream(shard, self.schedule)
+        self.epoch = epoch
+        self.stream = data.LMBatchStream(self._shard(), self.schedule)
         self.hidden = self.model.init_hidden(self.config.batch_size)
         return len(self.stream)
+
+    def play(self, worker: int, fresh: bool = True) -> None:
+        """Train on ``worker``'s shard from the stream's position on (all shards have the same
+        shape, so the stream's position and BPTT draws carry over); ``fresh``: from a zero
+        recurrent state (see :mod:`localclip.train.roster`)."""
+        self.worker = worker
+        if self.stream is not None:
+            self.stream.shard = self._shard()
+        if fresh:
+            self.hidden = self.model.init_hidden(self.config.batch_size)
 
     def batches(self):
         """The rest of the epoch's batches: ``(batch, lr_scale)``."""
