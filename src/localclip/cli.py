@@ -102,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--overlap", type=int, help="streaming rounds: apply each round this many local steps after it starts, "
                        "the transport running meanwhile (default: 0, rounds block); the merge: --set overlap_alpha=A or --set overlap_merge=carry "
                        "(keep each worker's steps taken meanwhile)")
+    train.add_argument("--fail", action="append", metavar="R@A:B", help="simulate a failure: worker R leaves right after its A-th local step "
+                       "and heals from a live peer at the first round at a step >= B; repeatable (default: none; see docs/algorithm.md)")
     train.add_argument("--data-root", help="an existing folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data, "
                                            "where a missing PTB or WikiText-2 is downloaded on first use)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones (default: refuse them)")
@@ -192,7 +194,7 @@ def _train_config(args):
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "compression": args.compression, "error_feedback": False if args.no_error_feedback else None,
-        "fragments": args.fragments, "overlap": args.overlap,
+        "fragments": args.fragments, "overlap": args.overlap, "fail": args.fail,
         "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
@@ -218,6 +220,10 @@ def _train(args) -> int:
     from localclip.train import run_training
 
     resolved = _train_config(args)
+    if resolved.fail and args.runtime != "simulate":
+        from localclip.errors import ConfigError
+
+        raise ConfigError(f"Invalid --fail {','.join(resolved.fail)} with --runtime {args.runtime}: failure plans run in the simulator (--runtime simulate)")
     if resolved.task == "lm" and args.runtime != "torchrun":
         _ensure_corpus(resolved)
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"

@@ -132,6 +132,10 @@ class TrainConfig:
     """Each worker keeps its own shard (no rotation) instead of rotating shards every epoch."""
     participants: int | None = None
     """Partial participation: K of N workers are averaged each round."""
+    fail: list = field(default_factory=list)
+    """Failure plans for the simulator, ``"R@A:B"`` each: worker R leaves right after its A-th
+    local step and heals from a live peer at the first round at a step >= B (several allowed;
+    see :mod:`localclip.comm.membership`)."""
     similarity: float = 0.0
     """Heterogeneous image data: fraction of each worker's data drawn iid, the rest label-sorted."""
 
@@ -254,6 +258,7 @@ class TrainConfig:
             bad("eval_interval" if self.eval_interval < 0 else "asgd_patience", "must be >= 0")
         devices.check(self.device)
         algorithms.check(self, bad)
+        algorithms.check_membership(self, bad)
         return self
 
     def resolved(self) -> "TrainConfig":

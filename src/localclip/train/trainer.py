@@ -94,6 +94,8 @@ class Trainer:
         # evaluation there scores is their mean, made for it alone.
         self.live_mean = LiveMean(self.model, self.comm)
         self._streaming = self.world_size > 1 and streaming_rounds(config)
+        # A failure plan (simulator): who is away at each step and in each round, and the heals.
+        self.membership = self._failure_plan() if config.fail else None
         self.metrics = RunMetrics(self.model, self.algorithm, self.comm, self.device, run=self.run, metric=self.workload.metric)
         self.checkpointer = Checkpointer(run_folder, self.comm, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
         self._eval_cache: dict = {}
@@ -103,6 +105,39 @@ class Trainer:
         # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
         every = self.algorithm.period
         self._agree_every = min(every, config.stop_check_interval) if config.stop_check_interval else every
+
+    def _failure_plan(self):
+        """The config's failure plan over this simulated worker (:mod:`localclip.comm.membership`)."""
+        from localclip.comm.membership import PlannedMembership, parse_plan
+
+        if not hasattr(self.comm, "world"):
+            raise ConfigError(f"rank {self.rank}: fail={self.config.fail} is a plan for the simulator: run it with --runtime simulate")
+        membership = PlannedMembership(parse_plan(self.config.fail), self.comm, self.config.period)
+        membership.attach(self._heal_state, self._heal)
+        self.algorithm.averager.use_membership(membership)
+        return membership
+
+    def _heal_state(self) -> dict:
+        """What a joiner copies from a live peer: the model and the algorithm's state (the
+        optimizer's, the averager's: anchor, outer optimizer, counters)."""
+        return {"model": self.model.state_dict(), "algorithm": self.algorithm.state_dict()}
+
+    def _heal(self, state: dict) -> None:
+        """Take a live peer's state (copies: the peer's tensors stay its own). The dropout stream
+        is this worker's own, reseeded from where it joins: a copy of the peer's would draw the
+        peer's masks."""
+        import copy
+
+        state = copy.deepcopy(state)
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        step = self.algorithm.averager.step_count
+        self.generator.manual_seed(rng.derive_seed(self.config.seed, self.rank, "rejoin", step))
+
+    def _away(self) -> bool:
+        """Whether this worker is away for its next step (a failure plan)."""
+        return self.membership is not None and not self.membership.computes(self.step + 1, self.algorithm.averager.schedule.last_round_step)
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint: restored when its epoch's batches have been set up."""
@@ -120,6 +155,8 @@ class Trainer:
         ``sample_mean_gradient``: before the step, all-reduce the workers' gradients to record
         the norm of their mean (every worker must pass the same value)."""
         self._set_step_size(scale)
+        if self._away():
+            return self._skip_step(sample_mean_gradient)
         if self.device.type != "cpu":
             batch = devices.move(batch, self.device)
         objective, reported = self.workload.loss(batch)
@@ -132,6 +169,18 @@ class Trainer:
             # Opting in to "raise" costs one host read per step (free on the CPU).
             raise NonFiniteError(f"rank {self.rank}: non-finite gradient at step {self.step + 1} (loss {reported.item():.4g})")
         return reported.detach()
+
+    def _skip_step(self, sample_mean_gradient: bool) -> None:
+        """A step of a worker that is away: its batch is skipped, the schedule moves on (its
+        rounds run with this worker out of them). The mean-gradient probe, a collective of every
+        worker, counts its gradient as zero."""
+        if sample_mean_gradient:
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        self.metrics.gradients_ready(sample_mean=sample_mean_gradient)
+        self.algorithm.skip_step()
+        return None
 
     # -- the schedule --------------------------------------------------------------------------
 
@@ -217,6 +266,8 @@ class Trainer:
         summary.update(final)
         if self.diverged_at is not None:
             summary["diverged_at_step"] = self.diverged_at
+        if self.membership is not None:
+            summary["comm/discarded_rounds"] = self.algorithm.averager.discarded_rounds
         summary["model/sha256"] = state_hash(self.model)
         return summary
 
@@ -229,7 +280,8 @@ class Trainer:
             with self.metrics.timed_step():
                 loss = self.train_step(batch, scale, sample_mean_gradient=(self.step + 1) % cfg.log_interval == 0)
             self.step += 1
-            self.metrics.count_loss(loss)
+            if loss is not None:
+                self.metrics.count_loss(loss)
             if bar is not None:
                 bar.update(1)
             if self.step % cfg.log_interval == 0:
