@@ -373,8 +373,12 @@ class PeriodicAverager:
 
     def _run_with_members(self, p: int) -> None:
         """A blocking round under :attr:`membership`."""
-        step, round_ = self.schedule.step_count, self._blocking[p]
-        members = self.membership.begin_round(step, self.schedule.synced_at[p])
+        round_ = self._blocking[p]
+        members = self.membership.begin_round(self.schedule.step_count, self.schedule.synced_at[p])
+        step = self.schedule.step_count  # a joiner has its peer's counters now
+        if members.skip:
+            self.membership.commit()
+            return
         saved = self._pre_round_state() if self.membership.can_fail else None
         round_.members, error = members, None
         try:

@@ -58,6 +58,8 @@ class Members:
     """Whether this worker's model is averaged in the round (a healing worker's is not)."""
     healing: bool = False
     """Whether this worker copied a live peer's state at this round."""
+    skip: bool = False
+    """Whether the quorum's workers hold one model already (a fresh run's first round): nothing is sent."""
 
 
 def parse_plan(specs: Iterable[str] | str | None) -> tuple[Absence, ...]:
