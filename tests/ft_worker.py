@@ -3,13 +3,14 @@ kills and restarts these by pid).
 
 A small model trained with CELGC; worker r's batch at step s is drawn from a generator seeded by
 (r, s) alone, so a restarted worker draws what it would have drawn. Every step appends a line
-to ``OUT/rankR.jsonl``: ``{"step": s}``, and after a round its quorum, the models it averaged,
+to ``OUT/rankR.jsonl``: ``{"started": true}`` before its first round, ``{"step": s}``, and after a round its quorum, the models it averaged,
 whether this worker took part, and the model before and after the round.
 """
 
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 
@@ -32,6 +33,8 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=0.05)
     ap.add_argument("--timeout", type=float, default=20.0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--hold-at", type=int, default=0, help="before this step, wait until the file --gate exists")
+    ap.add_argument("--gate", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
     try:
@@ -56,10 +59,13 @@ def main() -> int:
     averager = algorithm.averager
     averager.use_membership(membership)
     log = open(f"{args.out}/rank{args.rank}.jsonl", "a", buffering=1)
+    log.write(json.dumps({"started": True}) + "\n")
     healed = membership.join(averager)
     log.write(json.dumps({"joined": averager.step_count, "healed": healed, "rounds": averager.take_quorums()}) + "\n")
     flat = lambda: [round(float(v), 12) for p in model.parameters() for v in p.detach().reshape(-1).tolist()]  # noqa: E731
     for step in range(averager.step_count + 1, args.steps + 1):
+        while step == args.hold_at and not os.path.exists(args.gate):
+            time.sleep(0.05)
         g = torch.Generator().manual_seed(rng.derive_seed("ft-test", args.rank, step))
         x = torch.randn(32, 16, generator=g)
         y = torch.randn(32, 8, generator=g)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -38,6 +39,9 @@ __all__ = ["FaultTolerantCommunicator", "FaultTolerantMembership", "available", 
 
 def available() -> str | None:
     """None if torchft can be imported, else why not (one line)."""
+    # torchft's Rust side logs every quorum at INFO to stderr unless told otherwise (read once,
+    # when torchft is first imported); a user's own RUST_LOG wins.
+    os.environ.setdefault("RUST_LOG", "error")
     try:
         import torchft  # noqa: F401
     except ImportError as exc:
