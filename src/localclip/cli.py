@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
                            epilog=EXIT_STATUSES, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("recipe", help="a recipe name (see `localclip recipes`)")
     train.add_argument("--workers", type=_positive_int("--workers"), help=f"number of workers N {recipe_default}")
-    train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group")
+    train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun", "ft"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group; "
+                       "ft: N fault-tolerant torchft workers here, each with its own run folder OUT/replica-R (with TORCHFT_LIGHTHOUSE and LOCALCLIP_REPLICA set: this process is worker LOCALCLIP_REPLICA); pip install 'localclip[ft]'")
     train.add_argument("--algorithm", choices=list(ALGORITHMS), help="; ".join(f"{name}: {spec.summary}" for name, spec in ALGORITHMS.items())
                        + f" {recipe_default}")
     train.add_argument("--period", type=_positive_int("--period"), help=f"communication period I {recipe_default}")

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, check_timeout
+from localclip.comm.base import DEFAULT_TIMEOUT, Communicator, SingleProcess, check_timeout
 from localclip.comm.membership import Members, Membership
 from localclip.errors import CommunicationError
 
@@ -72,6 +72,9 @@ class FaultTolerantCommunicator(Communicator):
     def __init__(self, membership: "FaultTolerantMembership", rank: int, world_size: int, timeout: float):
         self.membership, self.rank, self.world_size, self.timeout = membership, rank, world_size, timeout
         self.waited = 0.0
+        # What shares this worker's records, evaluations, checkpoints and stop requests: the
+        # worker alone (localclip.train.Trainer reads it), as the group changes between rounds.
+        self.control = SingleProcess()
 
     def _all_reduce(self, tensors, op, then):
         from torch.distributed import ReduceOp

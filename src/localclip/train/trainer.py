@@ -68,13 +68,18 @@ class Trainer:
         self.config = config
         self.comm = current()
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        # Who shares this worker's records, evaluations, checkpoints and stop requests: the
+        # group, or under a fault-tolerant runtime (localclip.comm.ft) the worker alone, a run
+        # of its own between rounds whose membership changes.
+        self.control = getattr(self.comm, "control", self.comm)
         if self.world_size != config.workers:
             raise ConfigError(f"rank {self.rank}: the config asks for {config.workers} workers but the group has {self.world_size}")
         # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
         self.run_folder = run_folder
-        self.run = run_folder if self.rank == 0 else None
+        self.run = run_folder if self.control.rank == 0 else None
         self.device = devices.resolve(config.device)
         self.workload = make_workload(config, self.comm, self.device)
+        self.workload.eval_comm = self.control
         self.model = self.workload.model
         self.model.train()
         self.algorithm = build_algorithm(config, self.model, self.comm)
@@ -96,8 +101,13 @@ class Trainer:
         self._streaming = self.world_size > 1 and streaming_rounds(config)
         # A failure plan (simulator): who is away at each step and in each round, and the heals.
         self.membership = self._failure_plan() if config.fail else None
-        self.metrics = RunMetrics(self.model, self.algorithm, self.comm, self.device, run=self.run, metric=self.workload.metric)
-        self.checkpointer = Checkpointer(run_folder, self.comm, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
+        self._healed: dict | None = None  # a fault-tolerant joiner's counters, restored at its epoch's start
+        if getattr(self.comm, "membership", None) is not None:
+            self.membership = self.comm.membership
+            self.membership.attach(self._heal_state, self._heal_from_peer)
+            self.algorithm.averager.use_membership(self.membership)
+        self.metrics = RunMetrics(self.model, self.algorithm, self.control, self.device, run=self.run, metric=self.workload.metric)
+        self.checkpointer = Checkpointer(run_folder, self.control, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
         self._eval_cache: dict = {}
         self.position, self._num_batches = 0, 1  # batches done in this epoch, of how many
         # Agreement points for a stop request: where the algorithm communicates anyway, and at
@@ -120,7 +130,8 @@ class Trainer:
     def _heal_state(self) -> dict:
         """What a joiner copies from a live peer: the model and the algorithm's state (the
         optimizer's, the averager's: anchor, outer optimizer, counters)."""
-        return {"model": self.model.state_dict(), "algorithm": self.algorithm.state_dict()}
+        return {"model": self.model.state_dict(), "algorithm": self.algorithm.state_dict(), "step": self.step,
+                "epoch": self.epoch, "workload": self.workload.state_dict()}
 
     def _heal(self, state: dict) -> None:
         """Take a live peer's state (copies: the peer's tensors stay its own). The dropout stream
@@ -134,6 +145,21 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         step = self.algorithm.averager.step_count
         self.generator.manual_seed(rng.derive_seed(self.config.seed, self.rank, "rejoin", step))
+
+    def _heal_from_peer(self, state: dict) -> None:
+        """A fault-tolerant joiner takes its peer's state: the model and the algorithm's now (the
+        round that heals it then writes the average), the step, epoch and data position at the
+        start of that epoch's batches (:meth:`train`)."""
+        self._heal(state)
+        self.checkpointer.discard_pending()
+        self.epoch = state["epoch"]
+        self._healed = {"step": state["step"], "workload": state["workload"]}
+
+    def _restore_healed(self) -> None:
+        if self._healed is not None:
+            self.workload.load_state_dict(self._healed["workload"])
+            self.step = self._healed["step"]
+            self._healed = None
 
     def _away(self) -> bool:
         """Whether this worker is away for its next step (a failure plan)."""
@@ -204,6 +230,10 @@ class Trainer:
         """
         cfg = self.config
         start = time.perf_counter()
+        if getattr(self.comm, "membership", None) is not None:
+            # A late or restarted worker heals here from a live peer, whose state supersedes a
+            # checkpoint it resumed from; without a live peer the checkpoint stands.
+            self.membership.join(self.algorithm.averager)
         bar = self._progress_bar()
         for epoch in range(self.epoch, self.num_epochs):
             self.epoch = epoch
@@ -213,6 +243,7 @@ class Trainer:
                 bar.refresh()
             if self.checkpointer.restore_pending(self) and bar is not None:
                 _resume_bar(bar, self.step)
+            self._restore_healed()
             limit = self._epoch_limit(epoch, num_batches)
             self._num_batches = num_batches
             self.position = self.workload_position()
@@ -299,13 +330,13 @@ class Trainer:
         """At an agreement point: if any worker was asked to stop, every worker checkpoints here
         and raises :class:`Interrupted`. One all-reduce (max) of the request flags."""
         flag = torch.tensor([float(interrupt.requested())])
-        if self.world_size > 1:
-            self.comm.all_reduce([flag], op="max")  # control only: not part of the algorithm's traffic
+        if self.control.world_size > 1:
+            self.control.all_reduce([flag], op="max")  # control only: not part of the algorithm's traffic
         signum = int(flag.item())
         if not signum:
             return
         self.save_checkpoint()
-        self.comm.barrier()  # rank 0 has moved latest.json before anyone reports the stop
+        self.control.barrier()  # rank 0 has moved latest.json before anyone reports the stop
         if self._bar is not None:
             self._bar.close()  # the message that follows gets a line of its own
         name = {int(s): s.name for s in interrupt.SIGNALS}.get(signum, f"signal {signum}")
@@ -414,8 +445,8 @@ def run_worker(config: TrainConfig, run_path: str | None, checkpoints: list[dict
     run = RunFolder(run_path, loggers=config.loggers) if run_path is not None else None
     trainer = Trainer(config, run, progress=progress)
     if checkpoints:
-        entry, state = agree_on_checkpoint(trainer.comm, run, checkpoints)
-        if trainer.rank == 0:
+        entry, state = agree_on_checkpoint(trainer.control, run, checkpoints)
+        if trainer.control.rank == 0:
             run.rewind(entry)
         trainer.resume(state)
     summary = trainer.train()
