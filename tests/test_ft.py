@@ -151,3 +151,46 @@ def test_an_unreachable_lighthouse_is_one_line(run):
     err = next(run.out.glob("stderr0-*.txt")).read_text().strip().splitlines()
     lines = [line for line in err if line.startswith("error:")]
     assert len(lines) == 1 and "lighthouse" in lines[0] and address in lines[0]
+
+
+# -- localclip train --runtime ft ---------------------------------------------------------------
+
+def _cli_run(tmp_path, name, runtime, workers, extra=()):
+    from localclip.cli import main
+    from shared_data import SMOKE_DATA
+
+    out = tmp_path / name
+    args = ["train", "ptb-small", "--workers", str(workers), "--runtime", runtime, "--out", str(out), "--no-progress", *SMOKE_DATA,
+            "--period", "4", "--max-steps", "12", "--set", "log_interval=4", "--set", "eval_tokens=1000", "--set", "model_options.dropout=0.2", *extra]
+    return main(args), out
+
+
+def test_runtime_ft_equals_the_simulator_to_the_bit_with_two_workers(tmp_path):
+    code, sim = _cli_run(tmp_path, "sim", "simulate", 2)
+    assert code == 0
+    code, ft_out = _cli_run(tmp_path, "ft", "ft", 2)
+    assert code == 0
+    expected = [(r["step"], r.get("train/loss"), r.get("val/ppl")) for r in map(json.loads, (sim / "metrics.jsonl").read_text().splitlines())]
+    sha = json.loads((sim / "summary.json").read_text())["model/sha256"]
+    for rank in range(2):
+        folder = ft_out / f"replica-{rank}"
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        # The same models: a worker of a fault-tolerant run evaluates every column itself, the
+        # simulated ones half each, so the perplexities agree to rounding, the models to the bit.
+        assert [r["step"] for r in records if "val/ppl" in r] == [s for s, _, v in expected if v is not None]
+        assert [r["val/ppl"] for r in records if "val/ppl" in r] == pytest.approx([v for _, _, v in expected if v is not None], rel=1e-5)
+        assert [q for r in records for q in r.get("comm/quorums", [])] == [[4, 2, 2], [8, 2, 2], [12, 2, 2]]
+        assert json.loads((folder / "summary.json").read_text())["model/sha256"] == sha
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--fragments", "2"], "Invalid fragments"),
+    (["--compression", "int4"], "Invalid compression"),
+    (["--algorithm", "episode"], "Invalid algorithm"),
+])
+def test_runtime_ft_refuses_what_a_changing_group_cannot_run_in_one_line(tmp_path, capsys, extra, message):
+    code, out = _cli_run(tmp_path, "run", "ft", 3, extra)
+    err = capsys.readouterr().err
+    assert code != 0 and message in err and "--runtime ft" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
