@@ -11,6 +11,7 @@ import argparse
 import copy
 import json
 import os
+import signal
 import sys
 import time
 
@@ -35,6 +36,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--hold-at", type=int, default=0, help="before this step, wait until the file --gate exists")
     ap.add_argument("--gate", default="")
+    ap.add_argument("--die-in-round", type=int, default=0, help="SIGKILL this process inside the round after this step, its transport started")
     args = ap.parse_args()
     torch.set_num_threads(1)
     try:
@@ -74,6 +76,16 @@ def main() -> int:
         algorithm.optimizer.step()
         time.sleep(args.sleep)
         pre = flat()
+        if step == args.die_in_round:
+            comm = membership.communicator
+
+            def dying(tensors, op, then):
+                from torch.distributed import ReduceOp
+
+                membership.manager.allreduce(tensors[0], reduce_op=ReduceOp.SUM)  # the transport has started
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            comm._all_reduce = dying
         averager.step()
         record = {"step": step}
         for q_step, quorum, averaged in averager.take_quorums():

@@ -32,12 +32,12 @@ def run(tmp_path):
     lighthouse = ft.start_lighthouse(min_replicas=2, join_timeout=2.0, heartbeat_timeout=2.0)
     started: list[subprocess.Popen] = []
 
-    def start(rank, *, steps, sleep, address=None, timeout=30.0, hold_at=0):
+    def start(rank, *, steps, sleep, address=None, timeout=30.0, hold_at=0, die_in_round=0):
         with open(tmp_path / f"stderr{rank}-{len(started)}.txt", "w") as err:
             proc = subprocess.Popen(
                 [sys.executable, str(WORKER), "--rank", str(rank), "--world", "3", "--lighthouse", address or lighthouse.address(),
                  "--out", str(tmp_path), "--steps", str(steps), "--sleep", str(sleep), "--timeout", str(timeout),
-                 "--hold-at", str(hold_at), "--gate", str(tmp_path / "gate")],
+                 "--hold-at", str(hold_at), "--gate", str(tmp_path / "gate"), "--die-in-round", str(die_in_round)],
                 env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.DEVNULL, stderr=err,
             )
         started.append(proc)
@@ -140,6 +140,23 @@ def test_a_restarted_worker_heals_from_a_live_peer_and_no_round_averages_its_zer
         if live[0][s]["averaged"]:
             assert live[0][s]["post"] == live[1][s]["post"] == live[2][s]["post"]
     assert _records(run.out, 2)[-1]["done"] == steps
+
+
+def test_a_worker_killed_during_a_rounds_transport_the_round_is_discarded(run):
+    steps = 20
+    run.procs = [run(r, steps=steps, sleep=0.05, timeout=10.0, die_in_round=8 if r == 2 else 0) for r in range(3)]
+    assert run.procs[2].wait(timeout=LIMIT) == -signal.SIGKILL
+    for r in (0, 1):
+        _finish(run.procs[r])
+    live = [_rounds(run.out, r) for r in (0, 1)]
+    for r in (0, 1):
+        assert (live[r][8]["quorum"], live[r][8]["averaged"]) == (3, 0)  # discarded
+        assert live[r][8]["post"] == live[r][8]["pre"]  # each kept its pre-round state
+        assert _records(run.out, r)[-1]["discarded"] == 1
+    assert live[0][8]["post"] != live[1][8]["post"]  # their own local models, not an average
+    for s in (12, 16, 20):
+        assert (live[0][s]["quorum"], live[0][s]["averaged"]) == (2, 2)
+        assert live[0][s]["post"] == live[1][s]["post"]
 
 
 def test_an_unreachable_lighthouse_is_one_line(run):
