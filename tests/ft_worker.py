@@ -65,7 +65,8 @@ def main() -> int:
     healed = membership.join(averager)
     log.write(json.dumps({"joined": averager.step_count, "healed": healed, "rounds": averager.take_quorums()}) + "\n")
     flat = lambda: [round(float(v), 12) for p in model.parameters() for v in p.detach().reshape(-1).tolist()]  # noqa: E731
-    for step in range(averager.step_count + 1, args.steps + 1):
+    while averager.step_count < args.steps:
+        step = averager.step_count + 1  # a heal mid-run moves it on to the peer's
         while step == args.hold_at and not os.path.exists(args.gate):
             time.sleep(0.05)
         g = torch.Generator().manual_seed(rng.derive_seed("ft-test", args.rank, step))

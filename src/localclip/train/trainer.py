@@ -37,7 +37,7 @@ from localclip import devices, interrupt
 from localclip.algorithms import build_algorithm
 from localclip.algorithms.build import streaming_rounds
 from localclip.comm import current
-from localclip.errors import ConfigError, Interrupted, NonFiniteError
+from localclip.errors import CommunicationError, ConfigError, Interrupted, NonFiniteError
 from localclip.provenance import code_version
 from localclip.train.config import TrainConfig
 from localclip.optim import StepDecay
@@ -102,6 +102,7 @@ class Trainer:
         # A failure plan (simulator): who is away at each step and in each round, and the heals.
         self.membership = self._failure_plan() if config.fail else None
         self._healed: dict | None = None  # a fault-tolerant joiner's counters, restored at its epoch's start
+        self._joining = False
         if getattr(self.comm, "membership", None) is not None:
             self.membership = self.comm.membership
             self.membership.attach(self._heal_state, self._heal_from_peer)
@@ -152,8 +153,16 @@ class Trainer:
         start of that epoch's batches (:meth:`train`)."""
         self._heal(state)
         self.checkpointer.discard_pending()
-        self.epoch = state["epoch"]
-        self._healed = {"step": state["step"], "workload": state["workload"]}
+        if self._joining:  # the join round, before the first epoch's batches are set up
+            self.epoch = state["epoch"]
+            self._healed = {"step": state["step"], "workload": state["workload"]}
+            return
+        # Mid-run (a worker that was frozen and fell behind): its stream moves to the peer's place.
+        if state["epoch"] != self.epoch:
+            raise CommunicationError(f"rank {self.rank}: healed from a peer in epoch {state['epoch']} while in epoch {self.epoch}: "
+                                     f"restart this worker with --resume")
+        self.workload.load_state_dict(state["workload"])
+        self.step, self.position = state["step"], self.workload_position()
 
     def _restore_healed(self) -> None:
         if self._healed is not None:
@@ -233,7 +242,11 @@ class Trainer:
         if getattr(self.comm, "membership", None) is not None:
             # A late or restarted worker heals here from a live peer, whose state supersedes a
             # checkpoint it resumed from; without a live peer the checkpoint stands.
-            self.membership.join(self.algorithm.averager)
+            self._joining = True
+            try:
+                self.membership.join(self.algorithm.averager)
+            finally:
+                self._joining = False
         bar = self._progress_bar()
         for epoch in range(self.epoch, self.num_epochs):
             self.epoch = epoch
