@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(ft.available() is not None, reason=ft.available(
 
 WORKER = Path(__file__).with_name("ft_worker.py")
 SRC = str(Path(ft.__file__).resolve().parents[2])
-LIMIT = 300  # seconds any one worker may run: the machine may be loaded
+LIMIT = 900  # seconds a worker may take to get somewhere: a loaded machine takes minutes to start one
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_an_unreachable_lighthouse_is_one_line(run):
         s.bind(("localhost", 0))
         address = f"http://localhost:{s.getsockname()[1]}"
     proc = run(0, steps=4, sleep=0.0, address=address, timeout=3.0)
-    assert proc.wait(timeout=120) == 3
+    assert proc.wait(timeout=LIMIT) == 3
     err = next(run.out.glob("stderr0-*.txt")).read_text().strip().splitlines()
     lines = [line for line in err if line.startswith("error:")]
     assert len(lines) == 1 and "lighthouse" in lines[0] and address in lines[0]
