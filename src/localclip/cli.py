@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
                            epilog=EXIT_STATUSES, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("recipe", help="a recipe name (see `localclip recipes`)")
     train.add_argument("--workers", type=_positive_int("--workers"), help=f"number of workers N {recipe_default}")
-    train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group")
+    train.add_argument("--runtime", choices=["simulate", "spawn", "torchrun", "ft"], default="simulate", help="simulate: N workers in this process (default); spawn: N gloo processes here; torchrun: join torchrun's group; "
+                       "ft: N fault-tolerant torchft workers here, each with its own run folder OUT/replica-R (with TORCHFT_LIGHTHOUSE and LOCALCLIP_REPLICA set: this process is worker LOCALCLIP_REPLICA); pip install 'localclip[ft]'")
     train.add_argument("--algorithm", choices=list(ALGORITHMS), help="; ".join(f"{name}: {spec.summary}" for name, spec in ALGORITHMS.items())
                        + f" {recipe_default}")
     train.add_argument("--period", type=_positive_int("--period"), help=f"communication period I {recipe_default}")
@@ -102,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--overlap", type=int, help="streaming rounds: apply each round this many local steps after it starts, "
                        "the transport running meanwhile (default: 0, rounds block); the merge: --set overlap_alpha=A or --set overlap_merge=carry "
                        "(keep each worker's steps taken meanwhile)")
+    train.add_argument("--fail", action="append", metavar="R@A:B", help="simulate a failure: worker R leaves right after its A-th local step "
+                       "and heals from a live peer at the first round at a step >= B; repeatable (default: none; see docs/algorithm.md)")
     train.add_argument("--data-root", help="an existing folder holding the corpora (default: $LOCALCLIP_DATA, else ~/.cache/localclip/data, "
                                            "where a missing PTB or WikiText-2 is downloaded on first use)")
     train.add_argument("--allow-custom-corpus", action="store_true", help="accept corpus files whose checksum differs from the canonical ones (default: refuse them)")
@@ -199,7 +202,7 @@ def _train_config(args):
         "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
         "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "compression": args.compression, "error_feedback": False if args.no_error_feedback else None,
-        "fragments": args.fragments, "overlap": args.overlap,
+        "fragments": args.fragments, "overlap": args.overlap, "fail": args.fail,
         "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
     }
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
@@ -232,6 +235,10 @@ def _train(args) -> int:
     from localclip.train import run_training
 
     resolved = _train_config(args)
+    if resolved.fail and args.runtime != "simulate":
+        from localclip.errors import ConfigError
+
+        raise ConfigError(f"Invalid --fail {','.join(resolved.fail)} with --runtime {args.runtime}: failure plans run in the simulator (--runtime simulate)")
     out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
     rank0 = os.environ.get("RANK", "0") == "0"
     if args.resume and not (Path(out) / "config.json").exists() and rank0:

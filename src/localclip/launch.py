@@ -8,7 +8,11 @@ installed (:func:`localclip.comm.current` returns it), and returns the results b
 * ``spawn`` — N fresh processes on this machine joined into a gloo group through a ``FileStore``
   in a temporary folder (no ports), the CPU threads split between them;
 * ``torchrun`` — this process is one worker of a group that ``torchrun`` set up (``env://``),
-  gloo or NCCL, one or many nodes.
+  gloo or NCCL, one or many nodes;
+* ``ft`` — N processes here, each its own torchft replica group over a lighthouse this process
+  starts (:mod:`localclip.comm.ft`); or, with ``TORCHFT_LIGHTHOUSE`` and ``LOCALCLIP_REPLICA``
+  set, this process is one worker (replica ``LOCALCLIP_REPLICA``) of a run over that
+  lighthouse, on any machine. A worker that dies does not stop the others.
 
 With ``backend="nccl"`` each worker process is pinned to one GPU (``LOCAL_RANK``, or its rank
 under spawn, modulo the GPUs present) before the group is made (see :mod:`localclip.devices`).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import sys
 import tempfile
 import time
 import traceback
@@ -31,9 +36,9 @@ from localclip import interrupt
 from localclip.comm import DEFAULT_TIMEOUT, SimulatedWorld
 from localclip.errors import CommunicationError, ConfigError, Interrupted
 
-__all__ = ["RUNTIMES", "run_workers", "simulate", "spawn", "torchrun"]
+__all__ = ["RUNTIMES", "ft", "run_workers", "simulate", "spawn", "torchrun"]
 
-RUNTIMES = ("simulate", "spawn", "torchrun")
+RUNTIMES = ("simulate", "spawn", "torchrun", "ft")
 
 
 def default_threads(world_size: int) -> int:
@@ -214,6 +219,89 @@ def torchrun(fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT, backend: str
             distributed.shutdown()
 
 
+def _ft_worker(rank, world_size, lighthouse, result_dir, threads, timeout, fn, args, kwargs):
+    from localclip.comm import ft as _ft
+    from localclip.comm.base import install
+
+    torch.set_num_threads(threads)
+    membership = None
+    try:
+        with interrupt.catch(announce=False):
+            membership = _ft.FaultTolerantMembership(rank, world_size, lighthouse, timeout=timeout)
+            install(membership.communicator)  # localclip.comm.current() returns it in this process
+            payload = ("ok", fn(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - shipped to the parent
+        payload = ("error", (type(exc).__name__, str(exc), traceback.format_exc(), _picklable(exc)))
+    if result_dir is None:
+        if membership is not None:
+            membership.shutdown()
+        return payload
+    tmp = Path(result_dir) / f".rank{rank}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f)
+    os.replace(tmp, Path(result_dir) / f"rank{rank}.pkl")
+    if membership is not None:
+        membership.shutdown()
+
+
+def ft(fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT, threads_per_worker: int | None = None, **kwargs) -> list:
+    """Run ``fn`` as ``world_size`` fault-tolerant workers (see the module docstring); returns
+    the results by rank, None for a worker that died. Raises the first failing worker's
+    exception only if no worker finished."""
+    from localclip.comm import ft as _ft
+
+    reason = _ft.available()
+    if reason is not None:
+        raise ConfigError(f"--runtime ft: {reason}")
+    if os.environ.get("TORCHFT_LIGHTHOUSE"):
+        replica = os.environ.get("LOCALCLIP_REPLICA", "")
+        if not replica.isdigit() or not int(replica) < world_size:
+            raise ConfigError(f"--runtime ft: LOCALCLIP_REPLICA={replica!r} must name this worker, 0..{world_size - 1}")
+        status, value = _ft_worker(int(replica), world_size, os.environ["TORCHFT_LIGHTHOUSE"], None,
+                                   threads_per_worker or torch.get_num_threads(), timeout, fn, args, kwargs)
+        if status == "error":
+            raise value[3] if isinstance(value[3], BaseException) else CommunicationError(f"{value[0]}: {value[1]}")
+        return [value]
+    threads = threads_per_worker or default_threads(world_size)
+    # A quorum forms with a majority of the workers (no two quorums at once), waiting a few
+    # seconds at the first round for the ones still starting.
+    lighthouse = _ft.start_lighthouse(world_size // 2 + 1, join_timeout=5.0)
+    ctx = mp.get_context("spawn")
+    try:
+        with tempfile.TemporaryDirectory(prefix="localclip-ft-") as tmp:
+            procs = [ctx.Process(target=_ft_worker, args=(r, world_size, lighthouse.address(), tmp, threads, timeout, fn, args, kwargs),
+                                 name=f"localclip-ft-{r}", daemon=False) for r in range(world_size)]
+            for p in procs:
+                p.start()
+            with interrupt.forward_to([p.pid for p in procs]):
+                for p in procs:
+                    while p.is_alive():
+                        p.join(0.1)
+            results, errors = [], []
+            for r, p in enumerate(procs):
+                path = Path(tmp) / f"rank{r}.pkl"
+                status, value = pickle.loads(path.read_bytes()) if path.exists() else ("error", ("Died", f"exit code {p.exitcode}", "", None))
+                results.append(value if status == "ok" else None)
+                if status != "ok":
+                    errors.append((r, value))
+    finally:
+        lighthouse.shutdown()
+    for rank, value in errors:
+        if isinstance(value[3], Interrupted):
+            raise value[3]
+    if all(r is None for r in results):
+        rank, value = errors[0]
+        exc = value[3]
+        if isinstance(exc, BaseException):
+            exc.args = (f"rank {rank}: {exc}",) if len(exc.args) <= 1 else exc.args
+            raise exc
+        raise CommunicationError(f"rank {rank} failed: {value[0]}: {value[1]}")
+    for rank, value in errors:
+        print(f"localclip: --runtime ft: worker {rank} did not finish ({value[0]}: {value[1].strip().splitlines()[0] if value[1].strip() else ''}); "
+              f"the others went on without it", file=sys.stderr, flush=True)
+    return results
+
+
 def run_workers(runtime: str, fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT, **kwargs):
     """Dispatch to a runtime by name; returns the list of per-rank results (this rank's only under torchrun)."""
     if runtime == "simulate":
@@ -222,4 +310,6 @@ def run_workers(runtime: str, fn: Callable, world_size: int, *args, timeout: flo
         return spawn(fn, world_size, *args, timeout=timeout, **kwargs)
     if runtime == "torchrun":
         return [torchrun(fn, *args, timeout=timeout, **kwargs)]
+    if runtime == "ft":
+        return ft(fn, world_size, *args, timeout=timeout, **kwargs)
     raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(RUNTIMES)})")

@@ -108,6 +108,12 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         if not self.averager.in_sync:
             self.averager.average()
 
+    def skip_step(self) -> bool:
+        """Count a step this worker does not compute (it is away: :mod:`localclip.comm.membership`):
+        the averager's schedule moves on, and rounds run with this worker out of them; the model
+        and the optimizer do not move. Returns whether a round ran."""
+        return self.averager.step()
+
     # -- statistics ----------------------------------------------------------------------------
 
     @property

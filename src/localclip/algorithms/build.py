@@ -35,12 +35,13 @@ from localclip.algorithms.base import DistributedAlgorithm
 from localclip.algorithms.celgc import CELGC
 from localclip.algorithms.episode import EPISODE
 from localclip.algorithms.naive import NaiveParallelClipping
+from localclip.errors import ConfigError
 from localclip.averaging.compression import LOWBIT
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW, ClippedSGD
 from localclip.outer import OUTER_OPTIMIZERS, OuterSGD
 
 __all__ = [
-    "ALGORITHMS", "AlgorithmSpec", "adamw_param_groups", "build_algorithm", "check", "communication_period", "compose",
+    "ALGORITHMS", "AlgorithmSpec", "adamw_param_groups", "build_algorithm", "check", "check_membership", "communication_period", "compose",
     "local_update", "outer_optimizer", "overridden", "resolve", "spec", "streaming_rounds",
 ]
 
@@ -163,6 +164,41 @@ def check(config, bad) -> None:
         # streaming rounds no step holds it inside an epoch: they score the mean of the workers'
         # live models (localclip.train.live_mean), at any step.
         bad("eval_interval", f"must be a multiple of period={config.period}")
+
+
+# What a changing group of workers (failure plans, --runtime ft) refuses, each with its reason
+# (docs/algorithm.md, "When workers leave and rejoin").
+MEMBERSHIP_REFUSED = (
+    ("fragments", 1, "a fragment's rounds and the model's other fragments would be averaged over different quorums"),
+    ("overlap", 0, "a round in flight lands after local steps in which the group may change"),
+    ("participants", None, "partial participation samples K of a fixed N; the quorum already decides who is averaged"),
+    ("optimizer_state", "local", "averaging or resetting it needs every worker's state at every round"),
+)
+
+
+def check_membership(config, bad, what: str = "fail") -> None:
+    """Refuse a failure plan (``config.fail``) that names a bad worker or step, and the options a
+    changing group of workers cannot run (``what``: the field or flag that asks for one)."""
+    from localclip.comm.membership import check_plan, parse_plan
+
+    if what == "fail" and not config.fail:
+        return
+    if not isinstance(config.fail, list):
+        bad("fail", 'expected a list of "RANK@LEAVE:REJOIN" strings, e.g. ["3@200:400"]')
+    try:
+        check_plan(parse_plan(config.fail), config.workers, config.period)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    reason = f"with {what}" if what != "fail" else f"with fail={config.fail}"
+    if config.algorithm not in ("celgc", "local-sgd"):
+        bad("algorithm", f"{reason}: a changing group needs rounds of whole models and local steps (celgc, local-sgd)")
+    if config.clip_mode not in ("local", "none"):
+        bad("clip_mode", f"{reason}: it all-reduces every worker's gradient each period, a departed worker's included")
+    for name, off, why in MEMBERSHIP_REFUSED:
+        if getattr(config, name) != off:
+            bad(name, f"{reason}: {why}")
+    if config.compression in LOWBIT:
+        bad("compression", f"{reason}: an error-feedback residual is one worker's unsent change, lost with it")
 
 
 def streaming_rounds(config) -> bool:

@@ -80,6 +80,10 @@ class CELGC(DistributedAlgorithm):
         self._round_started = self.averager.step()
         return loss
 
+    def skip_step(self) -> bool:
+        self._round_started = super().skip_step()
+        return self._round_started
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "round_started": self._round_started}
 

@@ -10,6 +10,7 @@ and rounds in flight (:mod:`.overlap`). It keeps the counters and checkpoints.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import torch
@@ -337,11 +338,79 @@ class PeriodicAverager:
             check_views(self._names, self._buckets)
             if self.comm.world_size == 1:
                 return
+        if self.membership is not None:
+            return self._run_with_members(p)
         sent = self._blocking[p].run(self.rounds, self._collective, self._left_out)
         self.rounds += 1
         self.bytes_communicated += sent
         self.schedule.synced_at[p] = self.schedule.step_count
         self.bytes_communicated += sync_optimizer_state(self.optimizer, self.optimizer_state, self.comm, self._collective)
+
+    # -- rounds under a changing group (localclip.comm.membership) ------------------------------
+
+    membership = None  # a Membership: who takes part in each round; None: every worker, always
+
+    def use_membership(self, membership) -> None:
+        """Run every round under ``membership`` (:mod:`localclip.comm.membership`): each round's
+        quorum decides who is averaged, a joiner heals at a round and takes part with weight 0,
+        and a round the membership does not commit is discarded. Refuses the options whose state
+        a changing group would leave undefined (docs/algorithm.md says why for each)."""
+        refused = [("fragments", self.fragments, 1), ("overlap", self.overlap, 0), ("participants", self.participants, None),
+                   ("optimizer_state", self.optimizer_state, "local")]
+        refused += [("compression", self.compression, "none")] if self.compression in _compression.LOWBIT else []
+        for name, value, off in refused:
+            if value != off:
+                raise ValueError(f"Invalid {name}={value!r} with a changing group of workers (failure plans, --runtime ft): needs {name}={off!r}")
+        self.membership = membership
+        self.quorums: list[tuple[int, int, int]] = []  # (step, quorum, models averaged; 0: discarded)
+        self.discarded_rounds = 0
+
+    def take_quorums(self) -> list[tuple[int, int, int]]:
+        """The (step, quorum size, models averaged) of the rounds since the last call (0 averaged:
+        the round failed and was discarded)."""
+        taken, self.quorums = self.quorums, []
+        return taken
+
+    def _run_with_members(self, p: int) -> None:
+        """A blocking round under :attr:`membership`."""
+        round_ = self._blocking[p]
+        members = self.membership.begin_round(self.schedule.step_count, self.schedule.synced_at[p])
+        step = self.schedule.step_count  # a joiner has its peer's counters now
+        if members.skip:
+            self.membership.commit()
+            return
+        saved = self._pre_round_state() if self.membership.can_fail else None
+        round_.members, error = members, None
+        try:
+            sent = round_.run(self.rounds, self._collective, self._left_out)
+        except CommunicationError as exc:
+            error = exc
+        finally:
+            round_.members = None
+        if not self.membership.commit(error):
+            self._restore_pre_round_state(saved)
+            self.discarded_rounds += 1
+            self.quorums.append((step, members.quorum, 0))
+            return
+        self.quorums.append((step, members.quorum, int(round_._weight.item())))
+        self.rounds += 1
+        self.bytes_communicated += sent
+        self.schedule.synced_at[p] = step
+
+    def _pre_round_state(self) -> tuple:
+        """What a round writes: the averaged values, the anchors and the outer optimizer's state."""
+        return ([b.values.clone() for b in self._buckets], [None if b.anchor is None else b.anchor.clone() for b in self._buckets],
+                None if self.outer is None else copy.deepcopy(self.outer.state_dict()))
+
+    @torch.no_grad()
+    def _restore_pre_round_state(self, saved: tuple) -> None:
+        values, anchors, outer = saved
+        for b, v, a in zip(self._buckets, values, anchors):
+            b.values.copy_(v)
+            if a is not None:
+                b.anchor.copy_(a)
+        if outer is not None:
+            self.outer.load_state_dict(outer)
 
     def _start(self, p: int) -> None:
         """Start fragment ``p``'s round without waiting (see :mod:`.overlap`)."""

@@ -122,14 +122,24 @@ class Round:
         if self.outer is not None and not self.outer.blockwise:
             self.outer.apply_all([b.values[: b.n_params] for b in self.buckets if b.n_params])
 
+    # A round under a changing group (localclip.comm.membership): the averager sets the round's
+    # Members here for the round's duration, and they decide K and who takes part.
+    members = None
+
     def expected(self) -> int:
-        """K, the workers expected to take part in a round (partial participation: the sampled)."""
+        """K, the workers expected to take part in a round (partial participation: the sampled;
+        under a changing group: the round's quorum)."""
+        if self.members is not None:
+            return self.members.quorum
         if self.participants is not None and self.participants < self.comm.world_size:
             return self.participants
         return self.comm.world_size
 
     def _taking_part(self, index: int) -> bool:
-        """Whether this worker is sampled for round ``index`` (partial participation)."""
+        """Whether this worker is sampled for round ``index`` (partial participation), or takes
+        part in it under a changing group."""
+        if self.members is not None:
+            return self.members.taking_part
         if self.participants is None or self.participants >= self.comm.world_size:
             return True
         return self.comm.rank in sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)

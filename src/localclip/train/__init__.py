@@ -1,5 +1,5 @@
 """Training: the config, the loop, the run folder, and :func:`run_training`, which ties them
-to a runtime (simulate, spawn or torchrun)."""
+to a runtime (simulate, spawn, torchrun or ft)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def run_training(
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
     if config.non_participants == "idle" and runtime != "simulate":
         raise ConfigError(f"Invalid --runtime: {runtime!r} with non_participants=idle (its slots run in the simulator: use simulate)")
+    if runtime == "ft":
+        return _run_ft(config, out, config_json, resume, progress)
     if runtime == "torchrun":
         return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
     check_memory(config, runtime)
@@ -75,6 +77,55 @@ def run_training(
     finally:
         run.release()
     return results[0]
+
+
+def replica_folder(out: str | os.PathLike, rank: int) -> Path:
+    """Where worker ``rank`` of a fault-tolerant run (``--runtime ft``) keeps its own run folder."""
+    return Path(out) / f"replica-{rank}"
+
+
+def _run_ft(config: TrainConfig, out: str, config_json: str, resume: bool, progress: bool) -> dict | None:
+    """``--runtime ft``: every worker is a run of its own between rounds (records, evaluations,
+    checkpoints, lock) in :func:`replica_folder`; the rounds are fault-tolerant
+    (:mod:`localclip.comm.ft`). Returns the summary of the lowest-ranked worker that finished."""
+    from localclip import launch
+    from localclip.algorithms import build as algorithms
+
+    def bad(name, why):
+        raise ConfigError(f"Invalid {name}: {getattr(config, name)!r} ({why})")
+
+    algorithms.check_membership(config, bad, what="--runtime ft")
+    if config.fail:
+        raise ConfigError(f"Invalid fail: {config.fail} with --runtime ft: failure plans run in the simulator (--runtime simulate)")
+    _check_corpus(config)
+    check_data(config)
+    single = bool(os.environ.get("TORCHFT_LIGHTHOUSE"))
+    ranks = [int(os.environ.get("LOCALCLIP_REPLICA", "0"))] if single else range(config.workers)
+    for rank in ranks:  # every folder checked before any worker starts (prepare touches nothing)
+        folder = RunFolder(replica_folder(out, rank))
+        try:
+            folder.prepare(config_json, resume=resume)
+        finally:
+            folder.release()
+    results = launch.run_workers("ft", _ft_worker, config.workers, config, out, config_json, resume, progress, timeout=config.timeout)
+    return next((r for r in results if r is not None), None)
+
+
+def _ft_worker(config: TrainConfig, out: str, config_json: str, resume: bool, progress: bool):
+    """One fault-tolerant worker: its own run folder, then :func:`run_worker`."""
+    from localclip.comm import current
+
+    run = RunFolder(replica_folder(out, current().rank))
+    try:
+        checkpoints = run.prepare(config_json, resume=resume)
+        run.begin(config_json, resuming=bool(checkpoints))
+        try:
+            return run_worker(config, str(run.path), checkpoints, progress)
+        except BaseException:
+            run.remove_created()
+            raise
+    finally:
+        run.release()
 
 
 def run_config_json(config: TrainConfig) -> str:

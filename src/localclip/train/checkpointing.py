@@ -93,6 +93,10 @@ class Checkpointer:
         self._held: tuple | None = None  # a state taken by hold(), not written yet
         self._saved_at: tuple | None = None  # (step, epoch, position) of the last checkpoint written or restored
 
+    def discard_pending(self) -> None:
+        """Forget the checkpoint a resume would restore (a fault-tolerant joiner took a live peer's state instead)."""
+        self._pending = None
+
     def due(self, step: int) -> bool:
         """Whether the interval asks for a checkpoint after ``step`` steps."""
         return step % self.interval == 0

@@ -143,6 +143,10 @@ class TrainConfig:
     from the last average like every worker, and the average then replaces its model) or
     ``idle`` (it does nothing, as in FedAvg: only the K sampled train, so the simulator holds K
     workers, not N; see docs/algorithm.md, "Partial participation")."""
+    fail: list = field(default_factory=list)
+    """Failure plans for the simulator, ``"R@A:B"`` each: worker R leaves right after its A-th
+    local step and heals from a live peer at the first round at a step >= B (several allowed;
+    see :mod:`localclip.comm.membership`)."""
     similarity: float = 0.0
     """Heterogeneous image data: fraction of each worker's data drawn iid, the rest label-sorted."""
 
@@ -275,6 +279,7 @@ class TrainConfig:
         # user who fixes one should not meet the next on the following try.
         conflicts: dict[str, str] = {}
         algorithms.check(self, lambda name, why: conflicts.setdefault(name, why))
+        algorithms.check_membership(self, lambda name, why: conflicts.setdefault(name, why))
         if len(conflicts) == 1:
             bad(*next(iter(conflicts.items())))
         if conflicts:

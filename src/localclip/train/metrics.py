@@ -137,6 +137,8 @@ class RunMetrics:
         norm_sum, length_sum, local_hits, mean_norm_sum, samples = step_stats
         self.interval.zero_()
         self.step_stats.zero_()
+        # Under a changing group: each round's (step, quorum, models averaged) since the last record.
+        quorums = self.algorithm.averager.take_quorums() if getattr(self.algorithm.averager, "membership", None) is not None else None
         if self.run is None or steps == 0:
             return None
         group = self.algorithm.param_groups[0]
@@ -160,6 +162,8 @@ class RunMetrics:
             "train/skipped_steps": int(skipped),
             "comm/nonfinite_rounds": int(nonfinite_rounds),
         }
+        if quorums is not None:
+            record["comm/quorums"] = [list(q) for q in quorums]
         record = {k: v for k, v in record.items() if v is not None}
         self.run.log(record)
         return record

@@ -38,7 +38,7 @@ from localclip import devices, interrupt
 from localclip.algorithms import build_algorithm
 from localclip.algorithms.build import streaming_rounds
 from localclip.comm import current
-from localclip.errors import ConfigError, Interrupted, NonFiniteError
+from localclip.errors import CommunicationError, ConfigError, Interrupted, NonFiniteError
 from localclip.provenance import code_version
 from localclip.train.config import TrainConfig
 from localclip.optim import StepDecay
@@ -70,6 +70,10 @@ class Trainer:
         self.config = config
         self.comm = current()
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        # Who shares this worker's records, evaluations, checkpoints and stop requests: the
+        # group, or under a fault-tolerant runtime (localclip.comm.ft) the worker alone, a run
+        # of its own between rounds whose membership changes.
+        self.control = getattr(self.comm, "control", self.comm)
         # With idle non-participants the group is the K slots that play the sampled workers.
         self.roster = Roster(config.workers, config.participants, config.seed) if config.non_participants == "idle" else None
         group = config.workers if self.roster is None else self.roster.slots
@@ -77,11 +81,12 @@ class Trainer:
             raise ConfigError(f"rank {self.rank}: the config asks for {group} workers but the group has {self.world_size}")
         # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
         self.run_folder = run_folder
-        self.run = run_folder if self.rank == 0 else None
+        self.run = run_folder if self.control.rank == 0 else None
         self.device = devices.resolve(config.device)
         self.workload = make_workload(config, self.comm, self.device)
         if self.roster is not None:
             self.workload.workers = config.workers
+        self.workload.eval_comm = self.control
         self.model = self.workload.model
         self.model.train()
         self.algorithm = build_algorithm(config, self.model, self.comm)
@@ -105,8 +110,16 @@ class Trainer:
         # evaluation there scores is their mean, made for it alone.
         self.live_mean = LiveMean(self.model, self.comm)
         self._streaming = self.world_size > 1 and streaming_rounds(config)
-        self.metrics = RunMetrics(self.model, self.algorithm, self.comm, self.device, run=self.run, metric=self.workload.metric)
-        self.checkpointer = Checkpointer(run_folder, self.comm, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
+        # A failure plan (simulator): who is away at each step and in each round, and the heals.
+        self.membership = self._failure_plan() if config.fail else None
+        self._healed: dict | None = None  # a fault-tolerant joiner's counters, restored at its epoch's start
+        self._joining = False
+        if getattr(self.comm, "membership", None) is not None:
+            self.membership = self.comm.membership
+            self.membership.attach(self._heal_state, self._heal_from_peer)
+            self.algorithm.averager.use_membership(self.membership)
+        self.metrics = RunMetrics(self.model, self.algorithm, self.control, self.device, run=self.run, metric=self.workload.metric)
+        self.checkpointer = Checkpointer(run_folder, self.control, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
         self._eval_cache: dict = {}
         self.position, self._num_batches = 0, 1  # batches done in this epoch, of how many
         # Agreement points for a stop request: where the algorithm communicates anyway, and at
@@ -114,6 +127,63 @@ class Trainer:
         # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
         every = self.algorithm.period
         self._agree_every = min(every, config.stop_check_interval) if config.stop_check_interval else every
+
+    def _failure_plan(self):
+        """The config's failure plan over this simulated worker (:mod:`localclip.comm.membership`)."""
+        from localclip.comm.membership import PlannedMembership, parse_plan
+
+        if not hasattr(self.comm, "world"):
+            raise ConfigError(f"rank {self.rank}: fail={self.config.fail} is a plan for the simulator: run it with --runtime simulate")
+        membership = PlannedMembership(parse_plan(self.config.fail), self.comm, self.config.period)
+        membership.attach(self._heal_state, self._heal)
+        self.algorithm.averager.use_membership(membership)
+        return membership
+
+    def _heal_state(self) -> dict:
+        """What a joiner copies from a live peer: the model and the algorithm's state (the
+        optimizer's, the averager's: anchor, outer optimizer, counters)."""
+        return {"model": self.model.state_dict(), "algorithm": self.algorithm.state_dict(), "step": self.step,
+                "epoch": self.epoch, "workload": self.workload.state_dict()}
+
+    def _heal(self, state: dict) -> None:
+        """Take a live peer's state (copies: the peer's tensors stay its own). The dropout stream
+        is this worker's own, reseeded from where it joins: a copy of the peer's would draw the
+        peer's masks."""
+        import copy
+
+        state = copy.deepcopy(state)
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        step = self.algorithm.averager.step_count
+        self.generator.manual_seed(rng.derive_seed(self.config.seed, self.rank, "rejoin", step))
+
+    def _heal_from_peer(self, state: dict) -> None:
+        """A fault-tolerant joiner takes its peer's state: the model and the algorithm's now (the
+        round that heals it then writes the average), the step, epoch and data position at the
+        start of that epoch's batches (:meth:`train`)."""
+        self._heal(state)
+        self.checkpointer.discard_pending()
+        if self._joining:  # the join round, before the first epoch's batches are set up
+            self.epoch = state["epoch"]
+            self._healed = {"step": state["step"], "workload": state["workload"]}
+            return
+        # Mid-run (a worker that was frozen and fell behind): its stream moves to the peer's place.
+        if state["epoch"] != self.epoch:
+            raise CommunicationError(f"rank {self.rank}: healed from a peer in epoch {state['epoch']} while in epoch {self.epoch}: "
+                                     f"restart this worker with --resume")
+        self.workload.load_state_dict(state["workload"])
+        self.step, self.position = state["step"], self.workload_position()
+
+    def _restore_healed(self) -> None:
+        if self._healed is not None:
+            self.workload.load_state_dict(self._healed["workload"])
+            self.step = self._healed["step"]
+            self._healed = None
+
+    def _away(self) -> bool:
+        """Whether this worker is away for its next step (a failure plan)."""
+        return self.membership is not None and not self.membership.computes(self.step + 1, self.algorithm.averager.schedule.last_round_step)
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint: restored when its epoch's batches have been set up."""
@@ -132,6 +202,8 @@ class Trainer:
         workers' gradients to record the norm of their mean; after it, record the length of the
         local step (every worker must pass the same value)."""
         self._set_step_size(scale)
+        if self._away():
+            return self._skip_step(sample_mean_gradient)
         if self.device.type != "cpu":
             batch = devices.move(batch, self.device)
         objective, reported = self.workload.loss(batch)
@@ -144,6 +216,18 @@ class Trainer:
             # Opting in to "raise" costs one host read per step (free on the CPU).
             raise NonFiniteError(f"rank {self.rank}: non-finite gradient at step {self.step + 1} (loss {reported.item():.4g})")
         return reported.detach()
+
+    def _skip_step(self, sample_mean_gradient: bool) -> None:
+        """A step of a worker that is away: its batch is skipped, the schedule moves on (its
+        rounds run with this worker out of them). The mean-gradient probe, a collective of every
+        worker, counts its gradient as zero."""
+        if sample_mean_gradient:
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        self.metrics.gradients_ready(sample_mean=sample_mean_gradient)
+        self.algorithm.skip_step()
+        return None
 
     # -- the schedule --------------------------------------------------------------------------
 
@@ -167,6 +251,14 @@ class Trainer:
         """
         cfg = self.config
         start = time.perf_counter()
+        if getattr(self.comm, "membership", None) is not None:
+            # A late or restarted worker heals here from a live peer, whose state supersedes a
+            # checkpoint it resumed from; without a live peer the checkpoint stands.
+            self._joining = True
+            try:
+                self.membership.join(self.algorithm.averager)
+            finally:
+                self._joining = False
         bar = self._progress_bar()
         for epoch in range(self.epoch, self.num_epochs):
             self.epoch = epoch
@@ -178,6 +270,7 @@ class Trainer:
             if restored and bar is not None:
                 _resume_bar(bar, self.step)
             self._play(fresh=not restored)
+            self._restore_healed()
             limit = self._epoch_limit(epoch, num_batches)
             self._num_batches = num_batches
             self.position = self.workload_position()
@@ -239,6 +332,8 @@ class Trainer:
         summary.update(final)
         if self.diverged_at is not None:
             summary["diverged_at_step"] = self.diverged_at
+        if self.membership is not None:
+            summary["comm/discarded_rounds"] = self.algorithm.averager.discarded_rounds
         summary["model/sha256"] = state_hash(self.model)
         return summary
 
@@ -258,7 +353,8 @@ class Trainer:
             self.step += 1
             if self._rounds() != rounds:
                 self._play()
-            self.metrics.count_loss(loss)
+            if loss is not None:
+                self.metrics.count_loss(loss)
             if bar is not None:
                 bar.update(1)
             if self.step % cfg.log_interval == 0:
@@ -293,13 +389,13 @@ class Trainer:
         """At an agreement point: if any worker was asked to stop, every worker checkpoints here
         and raises :class:`Interrupted`. One all-reduce (max) of the request flags."""
         flag = torch.tensor([float(interrupt.requested())])
-        if self.world_size > 1:
-            self.comm.all_reduce([flag], op="max")  # control only: not part of the algorithm's traffic
+        if self.control.world_size > 1:
+            self.control.all_reduce([flag], op="max")  # control only: not part of the algorithm's traffic
         signum = int(flag.item())
         if not signum:
             return
         saved = self.save_checkpoint()
-        self.comm.barrier()  # rank 0 has moved latest.json before anyone reports the stop
+        self.control.barrier()  # rank 0 has moved latest.json before anyone reports the stop
         if self._bar is not None:
             self._bar.close()  # the message that follows gets a line of its own
         name = {int(s): s.name for s in interrupt.SIGNALS}.get(signum, f"signal {signum}")
@@ -436,8 +532,8 @@ def run_worker(config: TrainConfig, run_path: str | None, checkpoints: list[dict
     run = RunFolder(run_path, loggers=config.loggers) if run_path is not None else None
     trainer = Trainer(config, run, progress=progress)
     if checkpoints:
-        entry, state = agree_on_checkpoint(trainer.comm, run, checkpoints)
-        if trainer.rank == 0:
+        entry, state = agree_on_checkpoint(trainer.control, run, checkpoints)
+        if trainer.control.rank == 0:
             run.rewind(entry)
         trainer.resume(state)
     summary = trainer.train()

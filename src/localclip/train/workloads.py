@@ -70,6 +70,8 @@ class LMWorkload:
 
     def __init__(self, config: TrainConfig, comm: Communicator, device: torch.device | str = "cpu"):
         self.config, self.comm, self.device = config, comm, torch.device(device)
+        # The group that shares an evaluation (a fault-tolerant worker evaluates alone).
+        self.eval_comm = comm
         if config.dataset not in data.CORPORA:
             raise ConfigError(f"Invalid dataset for the lm task: {config.dataset!r} (expected one of {', '.join(data.CORPORA)})")
         # Workers do not warn about a custom corpus: the launcher says it once (run_training).
@@ -155,7 +157,7 @@ class LMWorkload:
         if self.config.eval_tokens:
             source = source[: self.config.eval_tokens]
         batch = self.config.eval_batch_size if split == "valid" else self.config.test_batch_size
-        columns = data.batchify(source, batch)[:, self.comm.rank :: self.comm.world_size]
+        columns = data.batchify(source, batch)[:, self.eval_comm.rank :: self.eval_comm.world_size]
         bptt = self.config.eval_bptt or self.config.bptt
         total = torch.zeros(2, dtype=torch.float64)
         if columns.size(1) > 0:
@@ -173,7 +175,7 @@ class LMWorkload:
                 if progress is not None:
                     progress(min(1.0, (i + bptt) / max(1, columns.size(0) - 1)))
             self.model.train(was_training)
-        self.comm.all_reduce([total])
+        self.eval_comm.all_reduce([total])
         loss = (total[0] / total[1]).item()
         # A diverged model (local SGD without clipping at the paper's η) has a loss whose exp
         # overflows: its perplexity is infinite, written "inf" in the JSON files (localclip.jsonio).
@@ -187,6 +189,8 @@ class ImageWorkload:
 
     def __init__(self, config: TrainConfig, comm: Communicator, device: torch.device | str = "cpu"):
         self.config, self.comm, self.device = config, comm, torch.device(device)
+        # The group that shares an evaluation (a fault-tolerant worker evaluates alone).
+        self.eval_comm = comm
         if config.dataset == "fashion-mnist":
             splits = data.load_fashion_mnist(config.data_root)
         elif config.dataset == "cifar10":
@@ -237,7 +241,7 @@ class ImageWorkload:
         """Accuracy and loss on the test set (both splits mean the test set here);
         ``progress(fraction)`` as for :meth:`LMWorkload.evaluate`."""
         n = len(self.test_set)
-        idx = torch.arange(self.comm.rank, n, self.comm.world_size)
+        idx = torch.arange(self.eval_comm.rank, n, self.eval_comm.world_size)
         total = torch.zeros(3, dtype=torch.float64)
         was_training = self.model.training
         self.model.eval()
@@ -253,5 +257,5 @@ class ImageWorkload:
             total[1] += (logits.argmax(1) == y).sum().to(total.device)
             total[2] += y.numel()
         self.model.train(was_training)
-        self.comm.all_reduce([total])
+        self.eval_comm.all_reduce([total])
         return {"loss": (total[0] / total[2]).item(), "acc": (total[1] / total[2]).item()}
