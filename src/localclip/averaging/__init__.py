@@ -1,25 +1,14 @@
 """Periodic model averaging: when the workers average, what they send, and what a round does.
 
 :class:`PeriodicAverager` (:mod:`.averager`) owns the "every I steps, replace the model by the
-average" part of CELGC and of local SGD, composed from small parts, each in its own module:
-
-* :mod:`.schedule` — which steps end with a round (period, warm-up), and whether a round now
-  would send anything new;
-* :mod:`.buffers` — the averaged tensors re-homed, once, into one flat buffer per (device,
-  dtype), so that a plain round is one pass and one in-place all-reduce;
-* :mod:`.round` — one round over the flat buffers: what each worker sends, the transport, and
-  the work on the sum block by block (:func:`average_parameters` is one round of a list of
-  tensors, with no averager around it);
-* :mod:`.parts` — the parts of a round, from the names users write (:func:`round_parts`);
-* :mod:`.codecs` — the wire formats behind one interface: ``none``, ``bf16``, ``fp16``,
-  ``int8``, ``int4``, with error feedback;
-* :mod:`.outer` — an outer step on the average (DiLoCo);
-* :mod:`.participation` — who takes part (partial participation, non-finite workers left out);
-* :mod:`.fragments` — streaming fragments: the tensors split into P parts with staggered rounds;
-* :mod:`.overlap` — rounds in flight: started without waiting, merged tau steps later (mix or carry);
-* :mod:`.optimizer_state` — what a round does to the inner optimizer's state.
-
-Each choice's allowed values live here: :data:`COMPRESSIONS`, :data:`OUTER_OPTIMIZERS`,
+average" part of CELGC and of local SGD, composed of small parts, each in its own module:
+:mod:`.schedule` (which steps end with a round), :mod:`.buffers` (the averaged tensors in one
+flat buffer per device and dtype), :mod:`.round` (one round; :func:`average_parameters` is one
+with no averager around it), :mod:`.parts` (the parts from the names users write), the wire
+formats behind one interface in :mod:`.codecs` (none, bf16, fp16, int8, int4, error feedback),
+:mod:`.outer` (DiLoCo's outer step), :mod:`.participation` (who takes part), :mod:`.fragments`
+and :mod:`.overlap` (streaming rounds), :mod:`.optimizer_state` (the inner optimizer's state at
+a round). Each choice's allowed values live here: :data:`COMPRESSIONS`, :data:`OUTER_OPTIMIZERS`,
 :data:`OPTIMIZER_STATE_MODES`, :data:`OVERLAP_MERGES`.
 """
 

@@ -14,12 +14,13 @@ anchor in 2 bytes, both over the all-reduce; or, for a low-bit codec (``int8``, 
 all-reduce: each worker's change since the anchor goes through
 :func:`~localclip.averaging.codecs.lowbit_average` (all-to-all, float32 sums in rank order,
 all-gather), one per flat bucket, each chunk carrying its sender's weight in place of the
-all-reduce's weight. Who takes part is the :class:`~.participation.Participation` policy's. The same policies hold: a worker not sampled (partial
-participation) or left out for non-finite values (its change, checked before anything is sent)
-sends zeros with weight 0 and keeps its error-feedback residual for a later round, and the
-owners divide by the weights' sum; every worker still owns its shard of the reduction, so the
-bytes do not depend on who takes part. The decoded average change is added to the anchor, and
-the outer step (if any) takes ``anchor − that`` as its pseudo-gradient, as in a 2-byte round.
+all-reduce's weight. Who takes part is the :class:`~.participation.Participation` policy's, for
+every codec: in a low-bit round a worker not sampled or left out for non-finite values (its
+change, checked before anything is sent) sends zeros with weight 0 and keeps its error-feedback
+residual for a later round, and the owners divide by the weights' sum; every worker still owns
+its shard of the reduction, so the bytes do not depend on who takes part. The decoded average
+change is added to the anchor, and the outer step (if any) takes ``anchor − that`` as its
+pseudo-gradient, as in a 2-byte round.
 
 A low-bit round has one path, in two halves: :meth:`Round.start_lowbit` (the changes encoded,
 the exchanges started) and :meth:`Round.finish_lowbit` (their results made the average); a
