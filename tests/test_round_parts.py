@@ -138,3 +138,12 @@ def test_average_parameters_is_the_averagers_round():
         assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(tensors, lowbit[0][0]))
         assert all(torch.allclose(t, m, atol=0.05 * float(m.abs().max())) for t, m in zip(tensors, mean))
         assert not all(torch.equal(_bits(t), _bits(m)) for t, m in zip(tensors, mean))  # it was encoded
+
+
+def test_algorithms_refuse_parts_given_as_objects_as_they_refuse_their_names():
+    with pytest.raises(ValueError, match="Invalid codec 'int8' for naive parallel clipping"):
+        localclip.NaiveParallelClipping(_model(0), lr=0.1, group=SingleProcess(), codec="int8")
+    with pytest.raises(ValueError, match="Invalid participation 1 for naive parallel clipping"):
+        localclip.NaiveParallelClipping(_model(0), lr=0.1, group=SingleProcess(), participation=Participation(1))
+    with pytest.raises(ValueError, match="Invalid streaming=.* for EPISODE"):
+        localclip.EPISODE(_model(0), lr=0.1, gamma=1.0, period=4, group=SingleProcess(), streaming=Streaming(fragments=2))
