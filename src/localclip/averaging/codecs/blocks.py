@@ -85,7 +85,7 @@ def _padded(rows: int, m: int, block: int, device, scratch: "Scratch | None" = N
 
 
 class Scratch:
-    """Buffers that :func:`lowbit_average` reuses from one call to the next: a round allocates
+    """Buffers that :func:`~.lowbit.lowbit_average` reuses from one call to the next: a round allocates
     several copies of the model, and fresh memory costs a page fault per 4 KiB (about half of
     a round's time on the CPU without them). One per caller (per flat bucket); not thread-safe."""
 
@@ -93,7 +93,7 @@ class Scratch:
         self._buffers: dict[str, torch.Tensor] = {}
 
     def output(self, numel: int, device) -> torch.Tensor:
-        """The float32 buffer that :func:`lowbit_average` returns the average in. A caller may
+        """The float32 buffer that :func:`~.lowbit.lowbit_average` returns the average in. A caller may
         keep that call's input there: the input is read only before the all-to-all, the average
         written after the all-gather."""
         return self.get("average", (numel,), torch.float32, device)
