@@ -78,7 +78,7 @@ full round's, with the fragments' sizes (element ranges: each within 1/P + 2.5 %
 With ``--lowbit`` it times only one table instead, side by side: ``average()`` with compression
 none, bf16, int8 and int4 (int8/int4 with error feedback), interleaved as above, with each
 one's bytes per round (``bytes_communicated / rounds``: the payload, see
-``localclip.lowbit``) and the ratios of both to the uncompressed round. It combines with
+``localclip.averaging.codecs``) and the ratios of both to the uncompressed round. It combines with
 ``--link`` and ``--world-sizes``.
 
     sudo PYTHONPATH=src python benchmarks/bench_averaging.py --lowbit --link 1gbit --repeats 5

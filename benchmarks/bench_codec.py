@@ -1,10 +1,11 @@
-"""CPU time of the int8/int4 block codec (:mod:`localclip.lowbit`) on one thread, against another
+"""CPU time of the int8/int4 block codec (:mod:`localclip.averaging.codecs`) on one thread, against another
 version of it, interleaved, with a check that both give the same bits.
 
     PYTHONPATH=src python benchmarks/bench_codec.py --against main --repeats 7
 
-``--against REV`` imports ``src/localclip/lowbit.py`` as it is at git revision ``REV`` (written to a
-temporary directory under another module name) beside the working tree's, and first checks that
+``--against REV`` imports the codec as it is at git revision ``REV`` (``src/localclip/averaging/codecs/``,
+or ``src/localclip/lowbit.py`` at revisions before that package; written to a temporary
+directory under another name) beside the working tree's, and first checks that
 the two give the same bits: for inputs of many kinds (normal, heavy-tailed, zeros, NaN/Inf
 blocks, lengths not a multiple of 256, odd lengths, tiny, subnormal and huge values, negative
 zero) the same codes and scales from :func:`encode`, the same float32 bits from :func:`decode`,
@@ -51,22 +52,42 @@ from pathlib import Path
 
 import torch
 
-from localclip import lowbit as new
+from localclip.averaging import codecs as new
 from localclip.comm import SimulatedWorld, current
 
 NUMEL = 24_221_600
 REPO = Path(__file__).resolve().parents[1]
 
 
+CODECS = "src/localclip/averaging/codecs"
+
+
 def load_revision(rev: str):
-    """``localclip.lowbit`` as it is at git revision ``rev``, as a module named ``lowbit_at_rev``."""
-    text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:src/localclip/lowbit.py"], check=True,
-                          capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="bench_codec_")) / "lowbit_at_rev.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("lowbit_at_rev", path)
+    """The int8/int4 codec as it is at git revision ``rev``: the package ``localclip.averaging.codecs``
+    (as a package named ``codecs_at_rev``, its imports of itself pointed at that copy) or, at a
+    revision before it, the module ``localclip.lowbit`` (as ``lowbit_at_rev``)."""
+    def show(path: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{path}"], capture_output=True, text=True)
+
+    folder = Path(tempfile.mkdtemp(prefix="bench_codec_"))
+    listing = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{rev}:{CODECS}"], capture_output=True, text=True)
+    if listing.returncode == 0:
+        name, path = "codecs_at_rev", folder / "codecs_at_rev" / "__init__.py"
+        path.parent.mkdir()
+        for file in listing.stdout.split():
+            if file.endswith(".py"):
+                text = show(f"{CODECS}/{file}").stdout.replace("localclip.averaging.codecs", name)
+                (path.parent / file).write_text(text)
+        search = [str(path.parent)]
+    else:
+        shown = show("src/localclip/lowbit.py")
+        if shown.returncode:
+            raise SystemExit(f"bench_codec: revision {rev!r} has neither {CODECS}/ nor src/localclip/lowbit.py: {shown.stderr.strip()}")
+        name, path, search = "lowbit_at_rev", folder / "lowbit_at_rev.py", None
+        path.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=search)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["lowbit_at_rev"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -271,7 +292,7 @@ def round_limit(limits: dict, bits: int) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--against", default="main", help="git revision of lowbit.py to compare with (default: main)")
+    ap.add_argument("--against", default="main", help="git revision of the codec to compare with (default: main)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--numel", type=int, default=NUMEL)

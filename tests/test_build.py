@@ -16,7 +16,7 @@ from localclip.cli import main, train_config
 from localclip.comm import SimulatedWorld, current
 from localclip.errors import ConfigError
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW
-from localclip.outer import OUTER_OPTIMIZERS, OuterSGD
+from localclip.averaging.outer import OUTER_OPTIMIZERS, OuterSGD
 from localclip.train import TrainConfig
 
 from workers import fixed_batches, tiny_model

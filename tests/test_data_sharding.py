@@ -13,10 +13,10 @@ from localclip.data.sharding import (
     LMBatchStream,
     batchify,
     get_batch,
-    sample_participants,
     shard_index,
     worker_shard,
 )
+from localclip.averaging.participation import sample_participants
 from localclip.errors import DataError
 
 

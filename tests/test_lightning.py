@@ -25,7 +25,7 @@ REFUSALS = textwrap.dedent('''
     from lightning.pytorch.plugins import MixedPrecision
     from localclip.integrations.lightning import LocalclipStrategy
     from localclip.optim import ClippedSGD
-    from localclip.outer import OuterSGD
+    from localclip.averaging.outer import OuterSGD
 
     class Tiny(L.LightningModule):
         def __init__(self, optimizers=1, subset=False, bn=False):

@@ -7,7 +7,7 @@ import torch
 
 from localclip.comm import SimulatedWorld, SingleProcess, current
 from localclip.launch import spawn
-from localclip.lowbit import BLOCK_NUMEL, ErrorFeedback, decode, encode, encoded_nbytes, lowbit_average
+from localclip.averaging.codecs import BLOCK_NUMEL, ErrorFeedback, decode, encode, encoded_nbytes, lowbit_average
 
 from workers import lowbit_cases
 
@@ -249,7 +249,7 @@ def test_a_worker_not_taking_part_sends_zeros_with_weight_0_and_keeps_its_residu
 def test_reused_scratch_buffers_give_the_same_bits():
     """Three rounds with one Scratch per worker equal three without (averages, residuals, bytes),
     for int8 and int4, an odd length and a worker left out in the second round."""
-    from localclip.lowbit import Scratch
+    from localclip.averaging.codecs import Scratch
 
     n = 2 * BLOCK_NUMEL + 77
 

@@ -9,10 +9,10 @@ import localclip
 
 from localclip.averaging import PeriodicAverager
 from localclip.comm import SimulatedWorld, current
-from localclip.data.sharding import sample_participants
+from localclip.averaging.participation import sample_participants
 from localclip.launch import spawn
-from localclip.lowbit import encoded_nbytes
-from localclip.outer import OuterSGD
+from localclip.averaging.codecs import encoded_nbytes
+from localclip.averaging.outer import OuterSGD
 
 from workers import lowbit_training
 

@@ -7,7 +7,7 @@ import torch
 
 import localclip
 from localclip.comm import SimulatedWorld, current
-from localclip.outer import OuterSGD, TorchOuter
+from localclip.averaging.outer import OuterSGD, TorchOuter
 
 from workers import fixed_batches, tiny_model, train_celgc
 

@@ -10,7 +10,7 @@ from localclip.cli import main, train_config
 from localclip.comm import SimulatedWorld, current
 from localclip.errors import ConfigError
 from localclip.optim.schedule import StepDecay
-from localclip.outer import OuterSGD
+from localclip.averaging import OuterSGD
 
 from workers import fixed_batches, tiny_model
 

@@ -238,7 +238,7 @@ def stall_nonblocking(rank_to_stall=1, seconds=15.0):
 def lowbit_cases(n=50_003, rounds=3, seed=0):
     """Rounds of lowbit_average for int8 and int4, with and without error feedback, with nearest
     and stochastic rounding: every average, the bytes sent and the final residuals."""
-    from localclip.lowbit import ErrorFeedback, lowbit_average
+    from localclip.averaging.codecs import ErrorFeedback, lowbit_average
 
     comm = current()
     out = {}

@@ -7,10 +7,9 @@ algorithms, as optimizers), and the communicators in :mod:`localclip.comm`.
 
 from localclip import rng
 from localclip.algorithms import CELGC, EPISODE, NaiveParallelClipping
-from localclip.averaging import PeriodicAverager
+from localclip.averaging import OuterSGD, PeriodicAverager
 from localclip.comm import SimulatedWorld
 from localclip.optim import ClippedSGD, GammaFollowsLR
-from localclip.outer import OuterSGD
 
 __version__ = "0.1.0"
 

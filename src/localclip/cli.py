@@ -62,9 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     from localclip import __version__
     from localclip.experiments.plans import SWEEPS
     from localclip.algorithms import ALGORITHMS
-    from localclip.averaging import COMPRESSIONS
+    from localclip.averaging import COMPRESSIONS, OUTER_OPTIMIZERS
     from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
-    from localclip.outer import OUTER_OPTIMIZERS
 
     parser = argparse.ArgumentParser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
     parser.add_argument("--version", action="version", version=f"localclip {__version__}")

@@ -7,10 +7,12 @@ A run is three independent choices, each implemented (and its allowed values kep
 * the communication schedule: ``algorithm`` (:data:`ALGORITHMS`, below): gradients every step
   (``naive``), models every ``period`` steps (``celgc``, ``local-sgd``), EPISODE's rounds, or
   none (``single``);
-* what a round does with the average: ``outer_optimizer`` (:data:`localclip.outer.OUTER_OPTIMIZERS`,
+* what a round does with the average: ``outer_optimizer`` (:data:`localclip.averaging.OUTER_OPTIMIZERS`,
   built by :func:`outer_optimizer`), ``compression`` (:data:`localclip.averaging.COMPRESSIONS`, applied by the averager;
   ``error_feedback`` with int8/int4), ``participants``, and streaming rounds (``fragments``, ``overlap``, ``overlap_alpha``, ``overlap_merge``;
-  every compression, int8/int4 included, takes both).
+  every compression, int8/int4 included, takes both). They reach the averager by these names,
+  which :func:`localclip.averaging.round_parts` turns into its parts (a codec, an outer optimizer,
+  a participation policy, a streaming layout), as for a user who writes them by hand.
 
 :func:`build_algorithm` composes them through the algorithms' public constructor
 (:meth:`~localclip.algorithms.DistributedAlgorithm.from_optimizer`), so that a config and the
@@ -36,9 +38,9 @@ from localclip.algorithms.celgc import CELGC
 from localclip.algorithms.episode import EPISODE
 from localclip.algorithms.naive import NaiveParallelClipping
 from localclip.errors import ConfigError
-from localclip.averaging.compression import LOWBIT
+from localclip.averaging import OUTER_OPTIMIZERS, OuterSGD
+from localclip.averaging.codecs import LOWBIT
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW, ClippedSGD
-from localclip.outer import OUTER_OPTIMIZERS, OuterSGD
 
 __all__ = [
     "ALGORITHMS", "AlgorithmSpec", "adamw_param_groups", "build_algorithm", "check", "check_membership", "communication_period", "compose",

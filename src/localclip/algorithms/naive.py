@@ -57,6 +57,12 @@ class NaiveParallelClipping(DistributedAlgorithm):
                 "gradient, which every worker shares (clip_mode='local'; gamma=inf for no clipping)"
             )
         super()._setup(module, optimizer, period, group, averager_options)
+        # The same parts given as objects (codec=, outer=, participation=) rather than by name.
+        avg = self.averager
+        for key, value, off in (("codec", avg.codec.name, "none"), ("outer", avg.outer, None),
+                                ("participation", avg.participation.participants, None)):
+            if value != off:
+                raise ValueError(f"Invalid {key} {value!r} for naive parallel clipping: it averages gradients, not models")
 
     @torch.no_grad()
     def step(self, closure=None):

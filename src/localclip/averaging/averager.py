@@ -2,10 +2,11 @@
 
 It owns the "every I steps, replace the model by the average" part of CELGC and of local SGD,
 and composes the pieces of the package: the schedule (:mod:`.schedule`), the flat buffers
-(:mod:`.buffers`), the round (:mod:`.round`: participants, non-finite exclusion, chunking),
-compression (:mod:`.compression`), the outer step (:mod:`localclip.outer`), the inner
-optimizer's state at a round (:mod:`.optimizer_state`), streaming fragments (:mod:`.fragments`)
-and rounds in flight (:mod:`.overlap`). It keeps the counters and checkpoints.
+(:mod:`.buffers`), the round (:mod:`.round`, chunking) and its parts (:mod:`.parts`): the codec
+(:mod:`.codecs`), the outer step (:mod:`.outer`), who takes part (:mod:`.participation`) and the
+streaming layout (fragments, :mod:`.fragments`; rounds in flight, :mod:`.overlap`); and the
+inner optimizer's state at a round (:mod:`.optimizer_state`). It keeps the counters and
+checkpoints.
 """
 
 from __future__ import annotations
@@ -16,19 +17,28 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from localclip.averaging import compression as _compression
+from localclip.averaging import codecs
 from localclip.averaging import fragments as _fragments
 from localclip.averaging import overlap as _overlap
 from localclip.averaging.buffers import check_views, flatten
+from localclip.averaging.codecs import Codec
 from localclip.averaging.optimizer_state import OPTIMIZER_STATE_MODES, sync_optimizer_state
+from localclip.averaging.outer import OuterSGD, TorchOuter, make_outer
+from localclip.averaging.participation import Participation
+from localclip.averaging.parts import Streaming, round_parts
 from localclip.averaging.round import DEFAULT_CHUNK_BYTES, OUTER_CHUNK_BYTES, Round
 from localclip.averaging.schedule import Schedule
 from localclip.comm import Communicator, current
 from localclip.comm.distributed import why_not_a_replica
 from localclip.errors import CommunicationError
-from localclip.outer import OuterSGD, TorchOuter, make_outer
 
 __all__ = ["PeriodicAverager"]
+
+# The options of round_parts (parts.ROUND_OPTIONS) that name each part: a part given as an object
+# and by its options at once is refused.
+_NAMED_BY = {"codec": ("compression", "error_feedback"), "outer": ("outer_optimizer",),
+             "participation": ("participants", "participation_seed", "skip_nonfinite"),
+             "streaming": ("fragments", "overlap", "overlap_alpha", "overlap_merge")}
 
 
 class PeriodicAverager:
@@ -50,6 +60,29 @@ class PeriodicAverager:
         module: the worker's model.
         period: the communication period I (>= 1).
         group: the :class:`~localclip.comm.Communicator`; default :func:`localclip.comm.current`.
+        codec: what a round sends (:mod:`localclip.averaging.codecs`): a
+            :class:`~localclip.averaging.codecs.Codec` or a compression's name; ``"none"`` (the
+            default) sends the float values; ``"bf16"``/``"fp16"`` the change since the anchor in 2
+            bytes (fp16 keeps 3 more mantissa bits but overflows beyond ±65504, which counts as
+            non-finite); ``"int8"``/``"int4"`` as codes with a float32 scale per 256 elements, with
+            error feedback unless the codec was made with ``error_feedback=False``.
+        outer: what a round does with the average (:mod:`localclip.averaging.outer`): ``None``
+            (take it), an :class:`~localclip.averaging.outer.OuterSGD`, or a factory
+            ``params -> torch.optim.Optimizer``.
+        participation: who takes part (:class:`~localclip.averaging.participation.Participation`):
+            K < world size sampled workers per round (every worker then takes their average), and
+            whether a worker with NaN or Inf values is left out (the default) or raises.
+        streaming: a :class:`~localclip.averaging.parts.Streaming` layout: ``fragments`` P >= 1
+            split the averaged state into P fragments of about equal bytes (contiguous element
+            ranges in model order, a tensor may be cut between two) that take their rounds on
+            staggered schedules: fragment p after the steps t with ``(t − floor(p·period/P)) mod
+            period == 0``, so that each round sends about 1/P of the model and each period syncs
+            everything once (see :mod:`.fragments`; P <= period); each fragment keeps its own
+            anchor and outer momentum. ``overlap`` tau starts each round without waiting and
+            applies it tau local steps later (1 <= tau < period; see :mod:`.overlap`), merged as
+            ``alpha·local + (1 − alpha)·average`` (``merge="mix"``, alpha 0 replaces the fragment
+            by the average) or ``average + (local − snapshot)`` (``merge="carry"``, alpha 0).
+            The default: blocking rounds of the whole model.
         average_buffers: also average floating-point buffers (the reference averages parameters
             only; averaging BatchNorm statistics keeps the evaluated model consistent).
         optimizer: the optimizer whose state ``optimizer_state`` refers to.
@@ -58,38 +91,15 @@ class PeriodicAverager:
             too, or ``"reset"`` it (the next step starts afresh; see
             :func:`~localclip.averaging.optimizer_state.sync_optimizer_state`).
         warmup_steps: average after every one of the first ``warmup_steps`` steps.
-        participants: if set to K < world size, each round only K workers, drawn by
-            :func:`sample_participants` from ``participation_seed``, are averaged; every worker
-            then takes that average (partial participation).
-        skip_nonfinite: leave a worker whose parameters contain NaN or Inf out of the average
-            (it takes the average of the others); if False such a worker raises instead.
         chunk_bytes: split the all-reduce into chunks of about this size, the work on each chunk
             starting as it arrives; ``None``: one all-reduce; ``"auto"`` (the default): one
             all-reduce, or chunks of ``OUTER_CHUNK_BYTES`` with an outer optimizer (see
             :mod:`localclip.averaging.round`). Results do not depend on it.
-        compression: ``"none"``, or send the change since the anchor as ``"bf16"`` or
-            ``"fp16"`` (see :mod:`localclip.averaging.compression`; fp16 keeps 3 more mantissa
-            bits but overflows beyond ±65504, which counts as non-finite), or as ``"int8"`` or
-            ``"int4"`` codes with a float32 scale per 256 elements (:mod:`localclip.lowbit`).
-        error_feedback: with int8/int4, keep what each round's encodings left out and add it
-            to the next round (checkpointed in :meth:`state_dict`); False drops it.
-        outer_optimizer: ``None`` (plain averaging), an :class:`~localclip.outer.OuterSGD`, or a
-            factory ``params -> torch.optim.Optimizer`` (see :mod:`localclip.outer`).
-        fragments: P >= 1: split the averaged state into P fragments of about equal bytes
-            (contiguous element ranges in model order, a tensor may be cut between two) that
-            take their rounds on staggered schedules: fragment p after the steps t with
-            ``(t − floor(p·period/P)) mod period == 0``, so that each round sends about 1/P of
-            the model and each period syncs everything once (see :mod:`.fragments`;
-            P <= period). Each fragment keeps its own anchor and outer momentum.
-            ``1``: the whole model every period.
-        overlap: tau: start each round without waiting and apply it tau local steps later
-            (1 <= tau < period; see :mod:`.overlap` for what the steps in between contribute, what
-            of a low-bit round overlaps them, and checkpoints); ``0`` (the default): rounds block.
-        overlap_alpha: the merge of a round in flight, ``alpha·local + (1 − alpha)·average``;
-            ``0.0`` (the default) replaces the fragment by the average.
-        overlap_merge: ``"mix"`` (the default): the merge above; ``"carry"``: ``average +
-            (local − snapshot)``, each worker keeping its own tau steps (needs ``overlap >= 1``
-            and ``overlap_alpha=0``; see :mod:`.overlap`).
+        **round_options: the parts by name, in place of the objects
+            (:func:`~localclip.averaging.parts.round_parts`): ``compression`` and
+            ``error_feedback`` (the codec), ``outer_optimizer`` (the outer), ``participants``,
+            ``participation_seed`` and ``skip_nonfinite`` (the participation), ``fragments``,
+            ``overlap``, ``overlap_alpha`` and ``overlap_merge`` (the streaming layout).
 
     With ``fragments > 1`` or ``overlap > 0`` a scheduled round leaves the workers' models
     different (the other fragments, or the steps taken meanwhile); :meth:`average` first lands
@@ -120,36 +130,35 @@ class PeriodicAverager:
         period: int,
         *,
         group: Communicator | None = None,
+        codec: Codec | str | None = None,
+        outer: OuterSGD | TorchOuter | Callable | None = None,
+        participation: Participation | None = None,
+        streaming: Streaming | None = None,
         average_buffers: bool = True,
         optimizer: torch.optim.Optimizer | None = None,
         optimizer_state: str = "local",
         warmup_steps: int = 0,
-        participants: int | None = None,
-        participation_seed: int = 0,
-        skip_nonfinite: bool = True,
         chunk_bytes: int | str | None = DEFAULT_CHUNK_BYTES,
-        compression: str = "none",
-        outer_optimizer: OuterSGD | TorchOuter | Callable | None = None,
-        error_feedback: bool = True,
-        fragments: int = 1,
-        overlap: int = 0,
-        overlap_alpha: float = 0.0,
-        overlap_merge: str = "mix",
+        **round_options,
     ):
+        given = {"codec": codec, "outer": outer, "participation": participation, "streaming": streaming}
+        for part, names in _NAMED_BY.items():
+            named = [n for n in names if n in round_options]
+            if given[part] is not None and named:
+                raise ValueError(f"Invalid {named[0]}={round_options[named[0]]!r} with {part}={given[part]!r}: give the part or its options, not both")
+        parts = round_parts(**round_options)
+        codec = parts.codec if codec is None else codecs.get(codec)
+        outer = parts.outer if outer is None else make_outer(outer)
+        participation = participation or parts.participation
+        streaming = streaming or parts.streaming
+        fragments, overlap = streaming.fragments, streaming.overlap
         self.schedule = Schedule(period, warmup_steps, fragments)
-        _overlap.check(overlap, period, overlap_alpha, overlap_merge)
-        streaming = fragments != 1 or overlap != 0
+        streaming.check(period)
         for name, value, off in (("warmup_steps", warmup_steps, 0), ("optimizer_state", optimizer_state, "local")):
-            if streaming and value != off:
+            if streaming.on and value != off:
                 raise ValueError(f"Invalid {name}={value!r} with fragments={fragments!r}, overlap={overlap}: streaming rounds need {name}={off!r}")
         if chunk_bytes not in (None, "auto") and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
             raise ValueError(f"Invalid chunk_bytes: {chunk_bytes!r} (must be an integer >= 1, None or 'auto')")
-        _compression.check(compression)
-        if not isinstance(error_feedback, bool):
-            raise ValueError(f"Invalid error_feedback: {error_feedback!r} (expected True or False)")
-        if not error_feedback and compression not in _compression.LOWBIT:
-            raise ValueError(f"Invalid error_feedback=False with compression={compression!r}: it applies to {', '.join(_compression.LOWBIT)}")
-        outer = make_outer(outer_optimizer)
         if optimizer_state not in OPTIMIZER_STATE_MODES:
             raise ValueError(f"Invalid optimizer_state: {optimizer_state!r} (expected one of {OPTIMIZER_STATE_MODES})")
         if optimizer_state != "local" and optimizer is None:
@@ -158,20 +167,15 @@ class PeriodicAverager:
         if reason is not None:
             raise ValueError(f"Invalid module {type(module).__name__}: {reason}")
         self.comm = group if group is not None else current()
-        if participants is not None and not 1 <= participants <= self.comm.world_size:
-            raise ValueError(f"Invalid participants: {participants} (must be in [1, {self.comm.world_size}])")
+        participation.check(self.comm.world_size)
         self.module = module
         self.average_buffers = average_buffers
         self.optimizer = optimizer
         self.optimizer_state = optimizer_state
-        self.participants = participants
-        self.participation_seed = participation_seed
-        self.skip_nonfinite = skip_nonfinite
+        self.codec, self.outer, self.participation, self.streaming = codec, outer, participation, streaming
         self.rounds = 0
         self.bytes_communicated = 0
         self.nonfinite_rounds = 0
-        self.compression = compression
-        self.outer = outer
         if chunk_bytes == "auto":
             chunk_bytes = OUTER_CHUNK_BYTES if outer is not None else None
         self.chunk_bytes = chunk_bytes
@@ -182,23 +186,21 @@ class PeriodicAverager:
         _fragments.check(fragments, period, sum(b.values.numel() for b in self._buckets))
         if fragments > 1 and outer is not None and not outer.blockwise:
             raise ValueError(f"Invalid outer optimizer {outer!r} with fragments={fragments}: a torch.optim optimizer steps all its parameters at once; use OuterSGD")
-        self.fragments, self.overlap, self.overlap_alpha = fragments, overlap, float(overlap_alpha)
-        self.overlap_merge = overlap_merge
+        self.fragments, self.overlap, self.overlap_alpha = fragments, overlap, float(streaming.alpha)
+        self.overlap_merge = streaming.merge
         # Streaming rounds run one Round per fragment; this one then only averages buffers (naive).
-        self._round = Round(self.comm, self._buckets, participants=participants, participation_seed=participation_seed,
-                            skip_nonfinite=skip_nonfinite, chunk_bytes=chunk_bytes, outer=outer,
-                            compression="none" if streaming else compression, error_feedback=error_feedback)
+        self._round = Round(self.comm, self._buckets, codec=codecs.Plain() if streaming.on else codec, participation=participation,
+                            chunk_bytes=chunk_bytes, outer=outer)
         # Every worker starts from rank 0's model (x₀ is shared).
         self._collective("initial broadcast", lambda: self.comm.broadcast([b.values for b in self._buckets], src=0))
-        if compression != "none" or outer is not None:
+        if codec.anchored or outer is not None:
             for b in self._buckets:
                 b.anchor = b.values.clone()
-                if compression in _compression.WIRE_DTYPES:
-                    b.wire = _compression.make_wire(b, compression)
+                b.wire = codec.send_buffer(b.values)
         self._split = _fragments.split(self._names, self._buckets, fragments)
         self._in_flight: list[_overlap.InFlight] = []
         self._origins: list[list[torch.Tensor]] | None = None  # the carry merge's snapshots, per fragment
-        if not streaming:
+        if not streaming.on:
             if outer is not None:
                 outer.bind([b.anchor[: b.n_params] for b in self._buckets if b.n_params])
             self._blocking = [self._round]
@@ -208,30 +210,32 @@ class PeriodicAverager:
         self._live = [f.slices(self._buckets) for f in self._split]
         if outer is not None:
             outer.bind([s.anchor[: s.n_params] for live in self._live for s in live if s.n_params])
-        options = dict(participants=participants, participation_seed=participation_seed, skip_nonfinite=skip_nonfinite,
-                       compression=compression, error_feedback=error_feedback)
         bases = [sum(1 for live in self._live[:p] for s in live if s.n_params) for p in range(fragments)]
         outers = [outer if outer is None or fragments == 1 else _fragments.FragmentOuter(outer, base) for base in bases]
-        self._blocking = [Round(self.comm, live, chunk_bytes=chunk_bytes, outer=o, **options) for live, o in zip(self._live, outers)]
+        self._blocking = [Round(self.comm, live, codec=codec, participation=participation, chunk_bytes=chunk_bytes, outer=o)
+                          for live, o in zip(self._live, outers)]
         if overlap:
             # What a round in flight sends from: a snapshot of its fragment (the live values move on).
             self._snapshots = [torch.empty_like(b.values) for b in self._buckets]
             # A fragment's low-bit rounds, in flight or blocking (average()), share one residual
             # (what its codes left out goes into its next round, whichever kind) and one set of
             # round buffers: they never overlap, as a fragment's rounds are landed before the next.
-            flying_options = {**options, "error_feedback": False}  # not allocated twice: shared below
-            self._flying = [Round(self.comm, f.slices(self._buckets, self._snapshots), chunk_bytes=None, outer=o, **flying_options)
-                            for f, o in zip(self._split, outers)]
-            for flying, blocking in zip(self._flying, self._blocking):
-                flying.feedback, flying.scratch = blocking.feedback, blocking.scratch
-            if overlap_merge == "carry":
+            self._flying = [Round(self.comm, f.slices(self._buckets, self._snapshots), codec=codec, participation=participation,
+                                  chunk_bytes=None, outer=o, shares=blocking)
+                            for f, o, blocking in zip(self._split, outers, self._blocking)]
+            if streaming.merge == "carry":
                 # The landing subtracts the snapshot: a 2-byte or low-bit round leaves it in its own
                 # values until then; a float round scales and sums those in place, so it is kept apart.
-                if compression == "none":
+                if not codec.anchored:
                     kept = [torch.empty_like(b.values) for b in self._buckets]
                     self._origins = [[s.values for s in f.slices(self._buckets, kept)] for f in self._split]
                 else:
                     self._origins = [[b.values for b in r.buckets] for r in self._flying]
+
+    @property
+    def compression(self) -> str:
+        """The codec's name (what checkpoints record)."""
+        return self.codec.name
 
     # -- the schedule --------------------------------------------------------------------------
 

@@ -142,7 +142,7 @@ def split(names: list[list[str]], buckets: list[FlatBucket], fragments: int) -> 
 
 
 class FragmentOuter:
-    """One fragment's view of the blockwise outer step: the :class:`~localclip.outer.OuterSGD` is
+    """One fragment's view of the blockwise outer step: the :class:`~localclip.averaging.outer.OuterSGD` is
     bound to every fragment's parameter anchors in order (one per bucket slice, so a tensor cut
     between two fragments has its momentum cut at the same element), and this fragment's first
     one is ``base``; its momentum, like its anchor, is the fragment's own element range."""

@@ -32,7 +32,7 @@ the snapshot is also copied at the start into one more buffer (one more copy of 
 tensors). ``"mix"`` (the default) is the merge above.
 
 Low-bit rounds (``compression="int8"|"int4"``) are no all-reduce but two collectives, the
-second fed by the first (:func:`localclip.lowbit.start_lowbit_average`): at the start each
+second fed by the first (:func:`~localclip.averaging.codecs.start_lowbit_average`): at the start each
 worker encodes the snapshot's change since the anchor (its residual updated) and starts the
 all-to-all; the round *advances* after step t + ceil(tau/2), where each worker waits for the
 all-to-all, sums, re-encodes its shard (its shard residual updated) and starts the all-gather;
@@ -62,7 +62,7 @@ import torch
 
 from localclip.averaging.round import Round
 from localclip.comm import Pending
-from localclip.lowbit import LowbitPending, LowbitRound
+from localclip.averaging.codecs import LowbitPending, LowbitRound
 
 __all__ = ["MERGES", "InFlight", "check", "land", "midway", "restore", "start"]
 
@@ -156,7 +156,7 @@ def start(rnd: Round, live: list, fragment: int, index: int, step: int, collecti
     for kept, sent in zip(origin or [], rnd.buckets):
         if kept is not sent.values:
             kept.copy_(sent.values)
-    if rnd.bits is not None:
+    if rnd.lowbit:
         exchanges = rnd.start_lowbit(index, collective, on_left_out)
         flight, nbytes = InFlight(fragment, index, step, rnd.expected(), exchanges=exchanges), sum(e.payload for e in exchanges)
     else:
@@ -199,7 +199,7 @@ def restore(state: dict, rnd: Round, comm, origin: list | None = None) -> InFlig
         for kept, saved in zip(origin, state["snapshot"]):
             kept.copy_(saved)
         flight.origin = origin
-    if rnd.bits is not None:
+    if rnd.lowbit:
         flight.results = [LowbitRound(r.to(b.values.device, torch.float32).clone(), 0, 0, int(state["total"]))
                           for b, r in zip(rnd.buckets, state["received"])]
         return flight

@@ -9,19 +9,24 @@ left-out worker's values never reach the others. After the transport, the work o
 (rescaling, decoding a compressed round, the outer step, the new anchor) runs block by block,
 while each block is in cache.
 
-A low-bit round (``compression="int8"|"int4"``) is no all-reduce: each worker's change since
-the anchor goes through :func:`localclip.lowbit.lowbit_average` (all-to-all, float32 sums in
-rank order, all-gather), one call per flat bucket, each chunk carrying its sender's weight in
-place of the all-reduce's weight. The same policies hold: a worker not sampled (partial
-participation) or left out for non-finite values (its change, checked before anything is sent)
-sends zeros with weight 0 and keeps its error-feedback residual for a later round, and the
-owners divide by the weights' sum; every worker still owns its shard of the reduction, so the
-bytes do not depend on who takes part. The decoded average change is added to the anchor, and
-the outer step (if any) takes ``anchor − that`` as its pseudo-gradient, as in a 2-byte round.
+What each worker sends is its codec's (:mod:`.codecs`): the values, or the change since the
+anchor in 2 bytes, both over the all-reduce; or, for a low-bit codec (``int8``, ``int4``), no
+all-reduce: each worker's change since the anchor goes through
+:func:`~localclip.averaging.codecs.lowbit_average` (all-to-all, float32 sums in rank order,
+all-gather), one per flat bucket, each chunk carrying its sender's weight in place of the
+all-reduce's weight. Who takes part is the :class:`~.participation.Participation` policy's, for
+every codec: in a low-bit round a worker not sampled or left out for non-finite values (its
+change, checked before anything is sent) sends zeros with weight 0 and keeps its error-feedback
+residual for a later round, and the owners divide by the weights' sum; every worker still owns
+its shard of the reduction, so the bytes do not depend on who takes part. The decoded average
+change is added to the anchor, and the outer step (if any) takes ``anchor − that`` as its
+pseudo-gradient, as in a 2-byte round.
 
-A round in flight (:mod:`.overlap`) runs the same two halves apart: :meth:`Round.begin` and
-:meth:`Round.finish` around a non-blocking all-reduce, or :meth:`Round.start_lowbit` and
-:meth:`Round.finish_lowbit` around the low-bit exchanges, with the same bits as :meth:`Round.run`.
+A low-bit round has one path, in two halves: :meth:`Round.start_lowbit` (the changes encoded,
+the exchanges started) and :meth:`Round.finish_lowbit` (their results made the average); a
+blocking round waits for the exchanges between the two, a round in flight (:mod:`.overlap`)
+takes steps there. A float round in flight runs :meth:`Round.begin` and :meth:`Round.finish`
+around a non-blocking all-reduce, with the same bits as :meth:`Round.run`.
 
 Chunking: the all-reduce can be split into chunks so that the work on the first chunks overlaps
 the transport of the rest. That pays only where there is work after the transport, a round
@@ -33,14 +38,14 @@ from __future__ import annotations
 
 import torch
 
-from localclip.averaging import compression
+from localclip.averaging import codecs
 from localclip.averaging.buffers import BLOCK_NUMEL, FlatBucket
-from localclip.averaging.compression import LOWBIT
-from localclip.data.sharding import sample_participants
+from localclip.averaging.codecs import Codec, ErrorFeedback, LowbitPending, LowbitRound, Scratch
+from localclip.averaging.participation import Participation
+from localclip.comm import current
 from localclip.errors import NonFiniteError
-from localclip.lowbit import ErrorFeedback, LowbitPending, LowbitRound, Scratch, start_lowbit_average
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "OUTER_CHUNK_BYTES", "Round"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "OUTER_CHUNK_BYTES", "Round", "average_parameters"]
 
 DEFAULT_CHUNK_BYTES = "auto"
 # What "auto" chunks a round with an outer step into (a multiple of BLOCK_NUMEL float32 elements,
@@ -51,17 +56,21 @@ OUTER_CHUNK_BYTES = 8 << 20
 class Round:
     """Runs rounds over ``buckets``: see the module docstring. Holds no counters: the averager does."""
 
-    def __init__(self, comm, buckets: list[FlatBucket], *, participants, participation_seed, skip_nonfinite, chunk_bytes, outer,
-                 compression: str = "none", error_feedback: bool = True):
-        self.comm, self.buckets = comm, buckets
-        self.participants, self.participation_seed = participants, participation_seed
-        self.skip_nonfinite, self.chunk_bytes, self.outer = skip_nonfinite, chunk_bytes, outer
-        # Low-bit rounds: the codes' bits, and each bucket's error feedback (None: none kept).
-        self.bits = LOWBIT.get(compression)
+    def __init__(self, comm, buckets: list[FlatBucket], *, codec: Codec, participation: Participation, chunk_bytes, outer,
+                 shares: "Round | None" = None):
+        self.comm, self.buckets, self.codec, self.participation = comm, buckets, codec, participation
+        self.chunk_bytes, self.outer = chunk_bytes, outer
+        self.lowbit = codec.reduction == "lowbit"
+        # Low-bit rounds: each bucket's error feedback (None: none kept) and reused buffers; a
+        # round that ``shares`` another's (a fragment's rounds in flight and blocking) uses those.
         self.feedback: list[ErrorFeedback] | None = None
-        if self.bits is not None and error_feedback:
-            self.feedback = [ErrorFeedback(b.values.numel(), device=b.values.device) for b in buckets]
-        self.scratch = [Scratch() for _ in buckets] if self.bits is not None else None
+        self.scratch: list[Scratch] | None = None
+        if shares is not None:
+            self.feedback, self.scratch = shares.feedback, shares.scratch
+        elif self.lowbit:
+            feedback = [codec.feedback(b.values.numel(), b.values.device) for b in buckets]
+            self.feedback = feedback if all(f is not None for f in feedback) else None
+            self.scratch = [Scratch() for _ in buckets]
         first = buckets[0].values
         self._weight = torch.zeros(1, dtype=torch.float32, device=first.device)
         self._found = torch.zeros(1, dtype=torch.float32, device=first.device)
@@ -70,8 +79,8 @@ class Round:
     def run(self, index: int, collective, on_left_out) -> int:
         """Round ``index`` (0-based); returns its payload bytes. ``collective(what, fn)`` runs the
         all-reduce; ``on_left_out()`` is called when this worker is left out for non-finite values."""
-        if self.bits is not None:
-            return self._run_lowbit(index, self._taking_part(index), collective, on_left_out)
+        if self.lowbit:
+            return self._run_lowbit(index, collective, on_left_out)
         expected = self.begin(index, on_left_out)
         pieces = [(b, lo, hi) for b in self.buckets for lo, hi in b.ranges(self._chunk_numel(b))]
         tensors = [self._weight] + [b.sent[lo:hi] for b, lo, hi in pieces]
@@ -100,7 +109,7 @@ class Round:
         expected = self.expected()
         taking_part = self._taking_part(index)
         if taking_part and not self._prepare(expected):
-            if not self.skip_nonfinite:
+            if not self.participation.skip_nonfinite:
                 raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
             taking_part = False
             on_left_out()
@@ -131,18 +140,14 @@ class Round:
         under a changing group: the round's quorum)."""
         if self.members is not None:
             return self.members.quorum
-        if self.participants is not None and self.participants < self.comm.world_size:
-            return self.participants
-        return self.comm.world_size
+        return self.participation.expected(self.comm.world_size)
 
     def _taking_part(self, index: int) -> bool:
         """Whether this worker is sampled for round ``index`` (partial participation), or takes
         part in it under a changing group."""
         if self.members is not None:
             return self.members.taking_part
-        if self.participants is None or self.participants >= self.comm.world_size:
-            return True
-        return self.comm.rank in sample_participants(self.comm.world_size, self.participants, index, self.participation_seed)
+        return self.participation.taking_part(self.comm.rank, self.comm.world_size, index)
 
     def _chunk_numel(self, bucket: FlatBucket) -> int | None:
         return None if self.chunk_bytes is None else self.chunk_bytes // bucket.sent.element_size()
@@ -158,7 +163,7 @@ class Round:
             if b.wire is None:
                 torch._amp_foreach_non_finite_check_and_unscale_([b.values], found, inv)
                 continue
-            compression.encode(b, 1.0 if exact else 1.0 / expected, found)
+            self.codec.encode(b.values, b.anchor, b.wire, 1.0 if exact else 1.0 / expected, found)
         return not bool(found)
 
     def _finish_piece(self, b: FlatBucket, lo: int, hi: int, total: float, expected: int) -> None:
@@ -171,7 +176,7 @@ class Round:
             end = min(start + BLOCK_NUMEL, hi)
             values = b.values[start:end]
             if b.wire is not None:
-                values.copy_(b.wire[start:end])  # decode: the sum of the scaled changes
+                self.codec.decode(b.wire[start:end], values)  # the sum of the scaled changes
             if exact:
                 values.div_(total)
             elif rescale != 1.0:
@@ -195,12 +200,11 @@ class Round:
             return
         anchor.copy_(values)
 
-    def _run_lowbit(self, index: int, taking_part: bool, collective, on_left_out) -> int:
-        """A low-bit round (see the module docstring); returns its payload bytes."""
-        changes, taking_part = self._lowbit_changes(index, taking_part, on_left_out)
+    def _run_lowbit(self, index: int, collective, on_left_out) -> int:
+        """A blocking low-bit round (see the module docstring); returns its payload bytes."""
+        changes, taking_part = self._lowbit_changes(index, self._taking_part(index), on_left_out)
         results = []
-        for i, change in enumerate(changes):
-            collective("model averaging", lambda: results.append(self._start_lowbit(i, change, taking_part).wait()))
+        collective("model averaging", lambda: results.extend([e.wait() for e in self._start_exchanges(changes, taking_part)]))
         self.finish_lowbit(index, results)
         return sum(r.payload for r in results)
 
@@ -211,9 +215,13 @@ class Round:
         takes their results."""
         changes, taking_part = self._lowbit_changes(index, self._taking_part(index), on_left_out)
         exchanges = []
-        collective("model averaging (start)",
-                   lambda: exchanges.extend(self._start_lowbit(i, change, taking_part) for i, change in enumerate(changes)))
+        collective("model averaging (start)", lambda: exchanges.extend(self._start_exchanges(changes, taking_part)))
         return exchanges
+
+    def _start_exchanges(self, changes: list[torch.Tensor], taking_part: bool) -> list[LowbitPending]:
+        feedback = self.feedback or [None] * len(changes)
+        return [self.codec.start(self.comm, change, f, taking_part=taking_part, scratch=s)
+                for change, f, s in zip(changes, feedback, self.scratch)]
 
     @torch.no_grad()
     def finish_lowbit(self, index: int, results: list[LowbitRound]) -> None:
@@ -235,7 +243,7 @@ class Round:
     def _lowbit_changes(self, index: int, taking_part: bool, on_left_out) -> tuple[list[torch.Tensor], bool]:
         """Each bucket's change since the anchor, and whether this worker takes part (False once
         it is left out for a non-finite change)."""
-        # In float32 (lowbit's format), kept in the buffer that lowbit_average returns the average
+        # In float32 (the low-bit reduction's format), kept in the buffer that lowbit_average returns the average
         # in (Scratch.output says why that is safe).
         changes = [s.output(b.values.numel(), b.values.device) for s, b in zip(self.scratch, self.buckets)]
         if taking_part:
@@ -246,15 +254,11 @@ class Round:
                 # Checked before anything leaves this worker (one pass: the multiplication by 1 is exact).
                 torch._amp_foreach_non_finite_check_and_unscale_([change], found, one)
             if bool(found):
-                if not self.skip_nonfinite:
+                if not self.participation.skip_nonfinite:
                     raise NonFiniteError(f"rank {self.comm.rank}: non-finite parameters at averaging round {index + 1}")
                 taking_part = False
                 on_left_out()
         return changes, taking_part
-
-    def _start_lowbit(self, i: int, change: torch.Tensor, taking_part: bool) -> LowbitPending:
-        feedback = None if self.feedback is None else self.feedback[i]
-        return start_lowbit_average(self.comm, change, self.bits, feedback, taking_part=taking_part, scratch=self.scratch[i])
 
     @torch.no_grad()
     def buffers_only(self, collective) -> int:
@@ -269,3 +273,42 @@ class Round:
             if b.anchor is not None:
                 b.anchor[b.n_params :].copy_(b.values[b.n_params :])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@torch.no_grad()
+def average_parameters(tensors, group=None, *, codec: Codec | str = "none", participation: Participation | None = None,
+                       index: int = 0) -> int:
+    """One round, with no averager around it: each tensor of ``tensors`` becomes, in place, its
+    average over the workers of ``group`` (default :func:`localclip.comm.current`); returns the
+    payload bytes this worker sent.
+
+    What :func:`torch.distributed.algorithms.model_averaging.utils.average_parameters` is to
+    torch's averager: the same :class:`Round` that :class:`~localclip.averaging.PeriodicAverager`
+    runs, over a copy of the tensors in flat buffers, keeping nothing afterwards. There is no
+    anchor to send a change against, so an anchored ``codec`` (bf16, fp16, int8, int4) sends the
+    change since zero, the values themselves, in its format; ``participation`` and round
+    ``index`` decide who takes part (every worker, by default). Every worker calls it with
+    tensors of the same shapes, dtypes and order.
+    """
+    comm = group if group is not None else current()
+    codec = codecs.get(codec)
+    tensors = list(tensors)
+    by_key: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_key.setdefault((t.device, t.dtype), []).append(t)
+    buckets = []
+    for group_tensors in by_key.values():
+        bucket = FlatBucket([t.detach() for t in group_tensors], [lambda view: None] * len(group_tensors),
+                            sum(t.numel() for t in group_tensors))
+        if codec.anchored:
+            bucket.anchor = torch.zeros_like(bucket.values)
+            bucket.wire = codec.send_buffer(bucket.values)
+        buckets.append(bucket)
+    if not buckets:
+        return 0
+    rnd = Round(comm, buckets, codec=codec, participation=participation or Participation(), chunk_bytes=None, outer=None)
+    sent = rnd.run(index, lambda what, fn: fn(), lambda: None)
+    for group_tensors, bucket in zip(by_key.values(), buckets):
+        for t, view in zip(group_tensors, bucket.views):
+            t.copy_(view)
+    return sent

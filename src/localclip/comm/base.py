@@ -1,7 +1,7 @@
 """The communicator interface: the only collectives the algorithms may use.
 
 CELGC needs very little from the network: an all-reduce (sum or max) of a few tensors and a
-broadcast from rank 0. Low-bit averaging (:mod:`localclip.lowbit`) adds an all-to-all and an
+broadcast from rank 0. Low-bit averaging (:mod:`localclip.averaging.codecs.lowbit`) adds an all-to-all and an
 all-gather of raw buffers, so that the sum happens in float32 on the receiving worker rather than
 in the wire format. Keeping the interface this small lets one algorithm implementation run over
 a real `torch.distributed` process group and over N workers simulated in one process.

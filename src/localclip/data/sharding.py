@@ -8,8 +8,10 @@ This module owns docs/algorithm.md §4 and the data side of §6:
   whole system over the corpus; with heterogeneous data worker ``r`` keeps shard ``r``
   (:func:`worker_shard`);
 * the variable-length BPTT schedule, drawn identically by every worker from a shared seed so
-  that all workers take the same number of steps (:class:`BPTTSchedule`, :class:`LMBatchStream`);
-* the participants of a round under partial participation (:func:`sample_participants`).
+  that all workers take the same number of steps (:class:`BPTTSchedule`, :class:`LMBatchStream`).
+
+Who takes part in an averaging round (§6's partial participation) is the round's concern:
+:mod:`localclip.averaging.participation`.
 
 Nothing here reads a global RNG: every draw comes from a generator seeded by the caller's seed.
 """
@@ -31,7 +33,6 @@ __all__ = [
     "LMBatchStream",
     "batchify",
     "get_batch",
-    "sample_participants",
     "shard_index",
     "worker_shard",
 ]
@@ -289,22 +290,3 @@ class LMBatchStream:
         self.i = int(state["i"])
         self.batch = int(state["batch"])
         self._num_batches = int(state["num_batches"])
-
-
-def sample_participants(world_size: int, k: int, round_index: int, seed: int) -> list[int]:
-    """The sorted ranks of the ``k`` of ``world_size`` workers taking part in round ``round_index``.
-
-    Every worker calls this with the same arguments and gets the same answer without
-    communicating (§6, partial participation): the draw is a ``torch.randperm`` from a generator
-    seeded with a stable hash of ``(seed, round_index)``.
-    """
-    _check_positive_int("world_size", world_size)
-    _check_positive_int("k", k)
-    if k > world_size:
-        raise ValueError(f"Invalid k: {k} participants out of world_size={world_size}")
-    if round_index < 0:
-        raise ValueError(f"Invalid round_index: {round_index} (expected >= 0)")
-    if k == world_size:
-        return list(range(world_size))
-    g = torch.Generator().manual_seed(derive_seed("participants", int(seed), int(round_index)))
-    return sorted(torch.randperm(world_size, generator=g)[:k].tolist())

@@ -29,11 +29,10 @@ from types import SimpleNamespace
 
 from localclip import jsonio
 from localclip.algorithms.build import ALGORITHMS
-from localclip.averaging.compression import LOWBIT
+from localclip.averaging.codecs import LOWBIT, encoded_nbytes
 from localclip.errors import LocalclipError
 from localclip.experiments import mechanism
 from localclip.experiments.plans import SWEEPS, SweepError, plan, report_kind
-from localclip.lowbit import encoded_nbytes
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]

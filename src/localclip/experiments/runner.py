@@ -35,7 +35,7 @@ from pathlib import Path
 
 from localclip import jsonio
 from localclip.algorithms.build import communication_period
-from localclip.averaging.compression import LOWBIT
+from localclip.averaging.codecs import LOWBIT
 from localclip.errors import Interrupted, LocalclipError
 from localclip.experiments.plans import Plan, SweepError, SweepFailed, plan, select
 from localclip.train import run_training

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 
 from localclip.algorithms import build as algorithms
 from localclip import devices
-from localclip.averaging import COMPRESSIONS, OPTIMIZER_STATE_MODES, OVERLAP_MERGES
+from localclip.averaging import COMPRESSIONS, OPTIMIZER_STATE_MODES, OUTER_OPTIMIZERS, OVERLAP_MERGES
 from localclip.errors import ConfigError
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
-from localclip.outer import OUTER_OPTIMIZERS
 
 __all__ = ["TrainConfig", "apply_overrides", "config_from_dict"]
 
