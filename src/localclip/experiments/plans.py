@@ -406,7 +406,8 @@ def fair(epochs: float = 12.0) -> Plan:
 
     * ``naive`` and ``celgc-I32``: the headline pair, each at its own best γ. ``naive`` has the
       configuration of the ``converge`` sweep's naive run, which ``localclip report converge
-      --check`` reproduces with this code; a copy of that run's folder counts as this one.
+      --check`` reproduces with this code; a link to that run's folder, or a copy of it, counts
+      as this one.
     * ``celgc-I8``, ``celgc-I1024`` (the paper's headline period: an epoch is 1,162 local steps,
       so about one round an epoch), ``celgc-I256``: the period, at CELGC's best γ.
     * ``naive-s2``, ``celgc-I32-s2``: the headline pair with a second seed.
@@ -459,8 +460,8 @@ def streaming(epochs: float = 12.0) -> Plan:
     """Streaming and compressed rounds at the end of training — ptb-converge, N=8, CELGC I=8 at its tuned γ: P=4 fragments with overlap 1, int4 with and without error feedback, bf16.
 
     Each run is judged against plain CELGC I = 8 (``celgc-I8``, the configuration of the ``fair``
-    sweep's: a copy of that run's folder counts as this one) and naive parallel clipping
-    (``naive``, likewise ``fair``'s). The streaming runs are validated at the end of each epoch
+    sweep's: a link to that run's folder, or a copy of it, counts as this one) and naive parallel
+    clipping (``naive``, likewise ``fair``'s). The streaming runs are validated at the end of each epoch
     only (the others 4 times an epoch): in the middle of an epoch a streaming run's evaluation
     scores the mean of the workers' live models, a different model from the just-averaged one
     the other runs score there, whereas at an epoch's end every run scores its averaged model.
@@ -505,8 +506,8 @@ def speedup_converge(epochs: float = 12.0) -> Plan:
     Every run makes ``epochs`` passes over the corpus (default 12, the converge schedule), so N
     workers take 1/N as many steps each as one worker; N = 1 is the ``single`` algorithm (a world
     of one averages nothing). γ is ``CELGC_BEST_GAMMA``, so ``celgc-I8-N8`` has the
-    configuration of the ``fair`` sweep's ``celgc-I8`` (a copy of that run's folder counts as
-    this one). The report compares validation at equal epochs (equal samples) and the steps per
+    configuration of the ``fair`` sweep's ``celgc-I8`` (a link to that run's folder, or a copy of
+    it, counts as this one). The report compares validation at equal epochs (equal samples) and the steps per
     worker each N needs to reach ``SPEEDUP_TARGETS``. 4 runs, 4 validations per epoch.
     """
     tuned = dict(gamma=CELGC_BEST_GAMMA)
