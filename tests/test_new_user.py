@@ -90,7 +90,7 @@ def test_committed_results_with_infinity_still_read():
     from localclip.experiments.report import _load_finished
     from localclip.plot import load_run
 
-    folder = REPO / "results" / "claims-6ep" / "converge" / "local-sgd-I8-lr20"
+    folder = REPO / "results" / "ptb-6ep" / "earlier-code" / "converge" / "local-sgd-I8-lr20"
     assert "Infinity" in (folder / "summary.json").read_text()  # written before the strict encoding
     run = _load_finished(folder)
     assert run["summary"]["val/ppl"] == math.inf and run["config"]["gamma"] == math.inf

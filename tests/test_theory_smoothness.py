@@ -118,7 +118,7 @@ def test_report_theory_and_smoothness_write_their_numbers_without_matplotlib(tmp
 
     repo = Path(__file__).resolve().parents[1]
     root = tmp_path / "sweeps"
-    shutil.copytree(repo / "results" / "early" / "compression", root / "compression",
+    shutil.copytree(repo / "results" / "early-training" / "compression", root / "compression",
                     ignore=shutil.ignore_patterns("*.png", "summary.csv", "summary.md"))
     code, out, err = _without_matplotlib("report", "compression", "--root", str(root))
     assert code == 0, err

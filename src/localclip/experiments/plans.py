@@ -241,7 +241,7 @@ def compression(epochs: float = 1.0) -> Plan:
 # -- at convergence ----------------------------------------------------------------------------------
 
 # The largest η at which local SGD without clipping (I=8, N=8, the ptb-converge recipe) does not
-# diverge, from the `converge-lsgd` probe at 0.5 epoch (results/tuning/converge-lsgd): val/ppl at
+# diverge, from the `converge-lsgd` probe at 0.5 epoch (results/tuning/earlier-code/converge-lsgd): val/ppl at
 # step 576 1,486 at η = 10 (898.7 at its end, swinging by 40 % within 5 steps), 552 at η = 5, 636
 # at η = 2.5. All three ended finite, but η = 10 was not stable: 5 is the largest that learned steadily.
 LOCAL_SGD_STABLE_LR = 5.0
@@ -406,7 +406,8 @@ def fair(epochs: float = 12.0) -> Plan:
 
     * ``naive`` and ``celgc-I32``: the headline pair, each at its own best γ. ``naive`` has the
       configuration of the ``converge`` sweep's naive run, which ``localclip report converge
-      --check`` reproduces with this code; a copy of that run's folder counts as this one.
+      --check`` reproduces with this code; a link to that run's folder, or a copy of it, counts
+      as this one.
     * ``celgc-I8``, ``celgc-I1024`` (the paper's headline period: an epoch is 1,162 local steps,
       so about one round an epoch), ``celgc-I256``: the period, at CELGC's best γ.
     * ``naive-s2``, ``celgc-I32-s2``: the headline pair with a second seed.
@@ -459,8 +460,8 @@ def streaming(epochs: float = 12.0) -> Plan:
     """Streaming and compressed rounds at the end of training — ptb-converge, N=8, CELGC I=8 at its tuned γ: P=4 fragments with overlap 1, int4 with and without error feedback, bf16.
 
     Each run is judged against plain CELGC I = 8 (``celgc-I8``, the configuration of the ``fair``
-    sweep's: a copy of that run's folder counts as this one) and naive parallel clipping
-    (``naive``, likewise ``fair``'s). The streaming runs are validated at the end of each epoch
+    sweep's: a link to that run's folder, or a copy of it, counts as this one) and naive parallel
+    clipping (``naive``, likewise ``fair``'s). The streaming runs are validated at the end of each epoch
     only (the others 4 times an epoch): in the middle of an epoch a streaming run's evaluation
     scores the mean of the workers' live models, a different model from the just-averaged one
     the other runs score there, whereas at an epoch's end every run scores its averaged model.
@@ -505,8 +506,8 @@ def speedup_converge(epochs: float = 12.0) -> Plan:
     Every run makes ``epochs`` passes over the corpus (default 12, the converge schedule), so N
     workers take 1/N as many steps each as one worker; N = 1 is the ``single`` algorithm (a world
     of one averages nothing). γ is ``CELGC_BEST_GAMMA``, so ``celgc-I8-N8`` has the
-    configuration of the ``fair`` sweep's ``celgc-I8`` (a copy of that run's folder counts as
-    this one). The report compares validation at equal epochs (equal samples) and the steps per
+    configuration of the ``fair`` sweep's ``celgc-I8`` (a link to that run's folder, or a copy of
+    it, counts as this one). The report compares validation at equal epochs (equal samples) and the steps per
     worker each N needs to reach ``SPEEDUP_TARGETS``. 4 runs, 4 validations per epoch.
     """
     tuned = dict(gamma=CELGC_BEST_GAMMA)
@@ -582,7 +583,7 @@ def momentum_probe(epochs: float = 1.0) -> Plan:
     return runs
 
 
-# The image setting where clipping binds, from `image-probe` (1 epoch, results/images/image-probe):
+# The image setting where clipping binds, from `image-probe` (1 epoch, results/images/earlier-code/image-probe):
 # local SGD reaches 74.0 % and 74.2 % test accuracy at η = 0.5 and 1 but 65.4 % at η = 2, while
 # CELGC with γ = 0.5 clips 89-100 % of its steps at every η (a step of length γ, whatever η).
 IMAGE_CLIP_LR = 2.0
@@ -610,6 +611,30 @@ def image_clip(epochs: float = 10.0) -> Plan:
         ("naive-skew", _fmnist(epochs, algorithm="naive", period=1, **common, **skew)),
         ("celgc-I8-skew", _fmnist(epochs, algorithm="celgc", period=8, **common, **skew)),
         ("episode-I8-skew", _fmnist(epochs, algorithm="episode", period=8, **common, **skew)),
+    ]
+
+
+# -- a transformer where clipping binds -------------------------------------------------------------
+
+#: Local SGD at ptb-gpt-small's η = 3 blows up within its first logging interval; 200 steps
+#: show it (its loss and validation are infinite from there) without spending two epochs on it.
+GPT_LOCAL_SGD_STEPS = 200
+
+
+@sweep("gpt")
+def gpt(epochs: float = 2.0) -> Plan:
+    """A transformer where clipping binds — ptb-gpt-small, N=4, η=3, γ=0.5, constant η: naive, CELGC I=8, local SGD I=8.
+
+    The recipe's step for every run (from the one-worker scan of benchmarks/gpt_lr_scan.py);
+    local SGD is CELGC without clipping (γ = ∞) at the same η and runs ``GPT_LOCAL_SGD_STEPS``
+    steps. Validation at the end of each epoch. 3 runs of ``epochs`` epochs (default 2: 908
+    local steps per worker).
+    """
+    base = dataclasses.replace(get_recipe("ptb-gpt-small"), epochs=epochs, threads=1)
+    return [
+        ("naive", dataclasses.replace(base, algorithm="naive", period=1)),
+        ("celgc-I8", dataclasses.replace(base, algorithm="celgc", period=8)),
+        ("local-sgd-I8", dataclasses.replace(base, algorithm="local-sgd", period=8, max_steps=GPT_LOCAL_SGD_STEPS)),
     ]
 
 

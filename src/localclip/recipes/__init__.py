@@ -22,7 +22,7 @@ RECIPES: dict[str, Callable[[], TrainConfig]] = {}
 # recipe name -> inner optimizer -> the fields that optimizer needs (lr, betas, ...)
 INNER_SETTINGS: dict[str, dict[str, dict]] = {}
 
-# ptb-gpt-small's clipped-SGD step (chosen by the short lr scan in docs/results.md).
+# ptb-gpt-small's clipped-SGD step, chosen by the one-worker scan of benchmarks/gpt_lr_scan.py (docs/results.md, appendix G).
 LR_GPT_SMALL, GAMMA_GPT_SMALL = 3.0, 0.5
 
 
