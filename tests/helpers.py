@@ -12,8 +12,8 @@ sweeps) use :data:`SHARED`: the real root when PTB is there, else a folder holdi
 PTB-format corpus written once per test session (a custom corpus: such runs pass
 ``--allow-custom-corpus``, which :data:`CUSTOM` and :data:`SMOKE_DATA` carry). Only tests that
 check the real corpus itself, or a number computed on it, skip without it
-(:data:`needs_real_ptb`, :data:`needs_real_data`) and then read it from :data:`REAL_PTB` or
-:data:`REAL_DATA`, which their guard makes non-None.
+(:data:`needs_real_ptb`, :data:`needs_real_data`, which also put them in the full suite) and then
+read it from :data:`REAL_PTB` or :data:`REAL_DATA`, which their guard makes non-None.
 """
 
 from __future__ import annotations
@@ -90,8 +90,17 @@ SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=2000", "--set", "lo
 #: --set overrides of a small sweep's runs.
 SMALL = ["workers=2", "eval_tokens=2000", "log_interval=2", "eval_interval=0", "checkpoint_interval=4", "threads=1", *CUSTOM_OVERRIDES]
 
-needs_real_ptb = pytest.mark.skipif(REAL_PTB is None, reason=f"needs the real PTB corpus: {GET_PTB}")
-needs_real_data = pytest.mark.skipif(REAL_DATA is None, reason=f"needs the real PTB and WikiText-2 corpora: {GET_BOTH}")
+
+
+def _needs_real(root: Path | None, reason: str):
+    """A test of the real corpora: skipped without them, and in the full suite only (the fast
+    tier must run, and mean the same, on a newcomer's machine)."""
+    skip = pytest.mark.skipif(root is None, reason=reason)
+    return lambda test: pytest.mark.full(skip(test))
+
+
+needs_real_ptb = _needs_real(REAL_PTB, f"needs the real PTB corpus: {GET_PTB}")
+needs_real_data = _needs_real(REAL_DATA, f"needs the real PTB and WikiText-2 corpora: {GET_BOTH}")
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 HAVE_FMNIST = any((FASHION_MNIST / f"train-images-idx3-ubyte{ext}").exists() for ext in ("", ".gz"))
 needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason=GET_FMNIST)

@@ -31,7 +31,7 @@ def _check(results, world):
             assert _same_bits(got[key], expected[key]), (rank, key)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_interleaved_collectives_simulated_and_gloo_give_the_same_bits(world):
     """Three workers take gloo's rank-ordered sum with a helper thread for the all-gather phase,
     while the caller issues a blocking all-reduce and all-to-all in between: every result equals
@@ -51,6 +51,7 @@ def test_more_simulated_workers_and_waits_in_any_order():
         _check(SimulatedWorld(world, concurrent=False).run(interleaved_collectives, seed=world), world)
 
 
+@pytest.mark.full  # gloo processes
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_started_collective_completes_while_the_worker_computes(world):
     expected_sum = world * (world + 1) / 2
@@ -60,6 +61,7 @@ def test_a_started_collective_completes_while_the_worker_computes(world):
     assert SimulatedWorld(world, max_running=world).run(completes_while_computing) == expected
 
 
+@pytest.mark.full  # gloo processes
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_missing_peer_fails_the_wait_naming_the_rank_and_timeout_over_gloo(world):
     start = time.monotonic()

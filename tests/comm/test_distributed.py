@@ -16,11 +16,14 @@ from workers import chunked_averages, collectives, fail_on_rank, reduce_with_the
 JOIN = 120  # seconds: a hang fails the test instead of blocking CI
 
 
+@pytest.mark.full  # gloo processes
 def test_gloo_collectives():
     assert spawn(collectives, 3, join_timeout=JOIN, timeout=30) == [([6.0, 6.0, 6.0], 2.0, 2.0)] * 3
 
 
-@pytest.mark.parametrize("kwargs", [dict(period=3), dict(period=2, clip_mode="global_average", momentum=0.5), dict(algorithm="naive")])
+@pytest.mark.parametrize("kwargs", [dict(period=3),  # the fast tier's case of simulate == gloo
+                                    pytest.param(dict(period=2, clip_mode="global_average", momentum=0.5), marks=pytest.mark.full),
+                                    pytest.param(dict(algorithm="naive"), marks=pytest.mark.full)])
 def test_simulated_workers_equal_gloo_processes(kwargs):
     sim = SimulatedWorld(3).run(train_celgc, steps=7, **kwargs)
     real = spawn(train_celgc, 3, steps=7, join_timeout=JOIN, timeout=30, **kwargs)
@@ -31,6 +34,7 @@ def test_simulated_workers_equal_gloo_processes(kwargs):
             torch.testing.assert_close(s["state"][k], r["state"][k], rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.full  # gloo processes
 def test_episode_with_outer_nesterov_and_bf16_simulated_equals_gloo():
     """Two workers, so that gloo's bf16 sum (a + b) is the simulation's: bit for bit."""
     kwargs = dict(algorithm="episode", period=2, outer=(0.7, 0.9, True), compression="bf16")
@@ -42,6 +46,7 @@ def test_episode_with_outer_nesterov_and_bf16_simulated_equals_gloo():
             assert torch.equal(s["state"][k], r["state"][k]), k
 
 
+@pytest.mark.full  # gloo processes
 @pytest.mark.parametrize("world,kwargs", [
     (2, dict(period=4, fragments=2, overlap=1, outer=(0.7, 0.9, True), compression="bf16")),
     (2, dict(period=3, overlap=2, overlap_alpha=0.25)),
@@ -65,12 +70,14 @@ def test_streaming_rounds_simulated_equal_gloo_bit_for_bit(world, kwargs):
             assert torch.equal(s["state"][k], r["state"][k]), k
 
 
+@pytest.mark.full  # gloo processes
 def test_then_sees_each_tensor_reduced_in_order_over_gloo_and_simulated():
     expected = [[6.0] * 5, [6.0], [6.0] * 3]
     assert spawn(reduce_with_then, 3, join_timeout=JOIN, timeout=30) == [expected] * 3
     assert SimulatedWorld(3).run(reduce_with_then) == [expected] * 3
 
 
+@pytest.mark.full  # gloo processes
 def test_chunked_rounds_equal_one_chunk_over_gloo():
     """Chunks of 64 bytes and of 1000 bytes (not a multiple of 4: a ragged last chunk) give the
     one-chunk average, also with a NaN on one rank and with partial participation. Not bit for
@@ -92,16 +99,19 @@ def test_chunked_rounds_equal_one_chunk_over_gloo():
     assert not torch.equal(results[0]["partial", 64][0], results[0]["finite", 64][0])
 
 
+@pytest.mark.full  # gloo processes
 def test_a_stalled_peer_times_out_with_a_clear_error():
     with pytest.raises(CommunicationError, match="timeout"):
         spawn(stall_rank, 2, timeout=3, join_timeout=JOIN, seconds=15)
 
 
+@pytest.mark.full  # gloo processes
 def test_a_failing_worker_is_reported_by_rank():
     with pytest.raises(ValueError, match="rank 1: boom on purpose"):
         spawn(fail_on_rank, 2, timeout=10, join_timeout=JOIN)
 
 
+@pytest.mark.full  # gloo processes
 def test_a_dead_peer_in_averaging_fails_naming_round_and_timeout():
     from workers import stall_in_averaging
 
@@ -111,6 +121,7 @@ def test_a_dead_peer_in_averaging_fails_naming_round_and_timeout():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.full  # gloo processes
 def test_nan_injected_into_one_gloo_worker_leaves_the_average_finite():
     from workers import nan_injection
 
@@ -124,6 +135,7 @@ def test_nan_injected_into_one_gloo_worker_leaves_the_average_finite():
                 torch.testing.assert_close(v, results[0]["state"][k])
 
 
+@pytest.mark.full  # gloo processes
 def test_exit_process_flushes_and_keeps_the_status():
     """exit_process leaves without the interpreter's shutdown, so what was printed must have been
     flushed and the status must survive; without a group it only flushes and exits."""
@@ -136,6 +148,7 @@ def test_exit_process_flushes_and_keeps_the_status():
     assert proc.returncode == 3 and proc.stdout == "out" and proc.stderr.endswith("err"), proc
 
 
+@pytest.mark.full  # gloo processes
 def test_a_model_wrapped_by_ddp_or_sharded_by_fsdp_is_refused_in_one_line():
     """DDP would all-reduce the gradients at every backward; FSDP and DTensor parameters leave each rank a shard."""
     results = spawn(wrapped_models_refused, 2, join_timeout=JOIN, timeout=30)

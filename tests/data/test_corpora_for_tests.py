@@ -11,8 +11,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
-
 import localclip
 from localclip.data.corpora import CORPORA
 
@@ -61,7 +59,6 @@ def test_without_any_corpus_the_tests_train_on_their_own(tmp_path):
     assert files == [True, True, True]
 
 
-@pytest.mark.full
 @needs_real_ptb
 def test_tests_that_need_only_ptb_run_with_ptb_in_the_user_cache(tmp_path):
     """The download tests mirror the real PTB files; the summary test trains on PTB. With PTB

@@ -69,6 +69,7 @@ def test_known_corpora_constants_match_published_numbers():
         assert set(spec.sha256) == {"train.txt", "valid.txt", "test.txt"}
 
 
+@pytest.mark.full  # the real corpora
 def test_token_counts_and_vocab_size(real_corpus):
     exp = EXPECTED[real_corpus.name]
     for split in ("train", "valid", "test"):
@@ -82,6 +83,7 @@ def test_token_counts_and_vocab_size(real_corpus):
     assert real_corpus.sha256 == CORPORA[real_corpus.name].sha256
 
 
+@pytest.mark.full  # the real corpora
 def test_ids_follow_first_appearance_over_train_valid_test(real_corpus):
     stream = torch.cat([real_corpus.train, real_corpus.valid, real_corpus.test]).tolist()
     first_seen = list(dict.fromkeys(stream))
@@ -91,6 +93,7 @@ def test_ids_follow_first_appearance_over_train_valid_test(real_corpus):
     assert EOS in v
 
 
+@pytest.mark.full  # the real corpora
 def test_ids_decode_back_to_the_text(real_corpus):
     tokens = read_tokens(real_corpus.path / "valid.txt")
     assert real_corpus.vocab.decode(real_corpus.valid) == tokens
@@ -382,6 +385,7 @@ def test_vocabulary_encode_decode():
     assert v.encode(["z"], add=True).tolist() == [2] and len(v) == 3
 
 
+@pytest.mark.full  # the real corpora
 def test_paper_sharding_of_the_real_corpora(real_corpus):
     from localclip.data.sharding import worker_shard
 
