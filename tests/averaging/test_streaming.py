@@ -582,6 +582,7 @@ def test_evaluations_inside_an_epoch_of_a_streaming_run_leave_its_training_untou
             assert a["algorithm"]["averager"]["in_flight"] or step == 14  # a round was in flight at the mid-run ones
 
 
+@pytest.mark.full  # spawned processes
 def test_evaluations_inside_an_epoch_of_a_streaming_run_resume_and_spawn_as_the_straight_simulated_run(tmp_path):
     """A resume from the step-10 checkpoint (a round in flight) continues with the same
     evaluation records; gloo processes score the same bits as simulated workers (three: gloo

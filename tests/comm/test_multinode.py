@@ -17,6 +17,7 @@ from helpers import SHARED, SMOKE
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 pytestmark = [
+    pytest.mark.full,  # six processes
     pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to this Python"),
 ]
 

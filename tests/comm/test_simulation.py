@@ -166,11 +166,13 @@ def _compare(tmp_path, recipe, workers, extra):
     assert sim[1] == spawned[1]  # the final model's state hash
 
 
+@pytest.mark.full  # spawned processes
 @pytest.mark.parametrize("workers", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_simulate_equals_spawn_on_ptb_small_with_dropout(tmp_path, workers):
     _compare(tmp_path, "ptb-small", workers, [*SMOKE_DATA, *LM])
 
 
+@pytest.mark.full  # spawned processes
 @needs_fmnist
 @pytest.mark.parametrize("workers", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_simulate_equals_spawn_on_fmnist_resnet_with_batchnorm(tmp_path, workers):

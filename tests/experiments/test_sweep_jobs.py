@@ -48,6 +48,7 @@ def test_jobs_1_and_2_give_identical_metrics(tmp_path):
     assert experiments.run_sweep("isweep", tmp_path / "j2", jobs=2, echo=lambda _: None, **kwargs) == {run: "skipped" for run in runs}
 
 
+@pytest.mark.full  # child processes
 def test_a_failing_child_run_is_reported_and_the_others_finish(tmp_path):
     # A corpus folder that does not exist: every config is valid, and each run fails in its child.
     kwargs = dict(data_root=str(tmp_path / "no-corpora"), only=["celgc-I4", "naive"], max_steps=2, overrides=SMALL)
@@ -361,6 +362,7 @@ def _wait_gone(tmp, timeout=90):
         time.sleep(0.5)
 
 
+@pytest.mark.full  # child processes
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL"])
 def test_a_stopped_sweep_leaves_no_run_behind_and_resumes(tmp_path, signum):
     """SIGTERM to the sweep stops its children (checkpoint, marked interrupted); SIGKILL, which

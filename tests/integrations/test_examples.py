@@ -12,6 +12,8 @@ import pytest
 
 from helpers import REPO
 
+pytestmark = pytest.mark.full  # each example under torchrun: two processes
+
 EXAMPLES = REPO / "examples"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

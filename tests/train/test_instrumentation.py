@@ -24,7 +24,7 @@ def run(tmp_path, name, *args):
     return out, [json.loads(line) for line in lines], json.loads((out / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("algorithm", ["celgc", "naive"])
+@pytest.mark.parametrize("algorithm", ["celgc", pytest.param("naive", marks=pytest.mark.full)])
 def test_statistics_do_not_change_the_run(tmp_path, algorithm):
     # Sampling the mean gradient at every step instead of every 12th reads every gradient once
     # more and all-reduces it: the model must come out bit for bit the same.
@@ -50,6 +50,7 @@ def test_local_statistics_follow_the_clipped_step(tmp_path):
     assert 0 < sum(r["clip/fraction"] for r in train) < len(train), "the test should see clipped and unclipped steps"
 
 
+@pytest.mark.full  # three workers, 24 steps
 def test_naive_records_local_and_mean_gradients(tmp_path):
     _, records, _ = run(tmp_path, "naive", "--algorithm", "naive", "--set", "log_interval=1")
     train = [r for r in records if "train/loss" in r]
@@ -63,6 +64,7 @@ def test_naive_records_local_and_mean_gradients(tmp_path):
             assert r["clip/fraction"] == float(r["lr"] * r["grad/mean_norm"] > r["gamma"])
 
 
+@pytest.mark.full  # three workers, 24 steps
 def test_evaluations_record_how_far_the_averaged_model_moved(tmp_path):
     _, records, _ = run(tmp_path, "celgc", "--algorithm", "celgc", "--set", "log_interval=4")
     evals = [r for r in records if "val/ppl" in r and not r.get("final")]
@@ -76,6 +78,7 @@ def test_evaluations_record_how_far_the_averaged_model_moved(tmp_path):
         assert r["move/efficiency"] == pytest.approx(r["move/displacement"] / r["move/path"])
 
 
+@pytest.mark.full  # three workers, 24 steps
 def test_runs_record_the_code_that_made_them(tmp_path):
     out, _, summary = run(tmp_path, "celgc", "--algorithm", "celgc")
     config = json.loads((out / "config.json").read_text())

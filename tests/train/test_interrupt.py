@@ -88,6 +88,7 @@ def test_sigterm_under_simulate_checkpoints_and_resumes_bit_identically(tmp_path
     assert_same_run(tmp_path / "run", tmp_path / "straight")
 
 
+@pytest.mark.full  # spawned processes
 def test_ctrl_c_under_spawn_checkpoints_and_resumes_bit_identically(tmp_path):
     """Ctrl-C reaches the parent and both workers, and the parent passes it on too: one stop."""
     spawn = ("--runtime", "spawn")
@@ -99,6 +100,7 @@ def test_ctrl_c_under_spawn_checkpoints_and_resumes_bit_identically(tmp_path):
     assert_same_run(tmp_path / "run", tmp_path / "straight")
 
 
+@pytest.mark.full  # spawned processes
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to this Python")
 def test_sigterm_to_torchrun_checkpoints_and_resumes_bit_identically(tmp_path):
     """The scheduler signals the torchrun agent; it passes SIGTERM on to the workers."""

@@ -14,6 +14,7 @@ from localclip.cli import main
 
 from helpers import SHARED, SMOKE
 
+pytestmark = pytest.mark.full  # torchrun restarting a killed group
 
 
 def worker_pids(parent: int) -> list[int]:

@@ -54,6 +54,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, st
     assert_same_run(out, straight40)
 
 
+@pytest.mark.full  # spawned processes
 def test_a_finished_run_extended_equals_the_straight_run_under_spawn(tmp_path):
     spawn = ["--runtime", "spawn", "--set", "threads=1"]
     train(tmp_path / "straight", "--max-steps", "16", *spawn)
@@ -105,6 +106,7 @@ def test_a_run_with_a_round_in_flight_at_its_last_checkpoint_extends_to_the_stra
     assert "fragments: 2 in the run, 1 now" in capsys.readouterr().err
 
 
+@pytest.mark.full  # spawned processes
 def test_streaming_rounds_under_spawn_equal_the_simulation(tmp_path):
     """Rounds in flight over gloo's non-blocking all-reduce, through the trainer (checkpoints
     taken with a round in flight included): the simulation's run, bit for bit."""

@@ -57,6 +57,7 @@ def test_each_algorithm_trains_and_writes_a_complete_run_folder(tmp_path, algori
     assert final and final[0]["val/ppl"] == summary["val/ppl"]
 
 
+@pytest.mark.full  # torchrun
 def test_torchrun_runtime(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
