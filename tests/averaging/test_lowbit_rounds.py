@@ -40,6 +40,7 @@ CASES = [
 ]
 
 
+@pytest.mark.full  # gloo processes
 def test_simulated_workers_equal_gloo_processes_bit_for_bit():
     """Three workers (so that the all-to-all's rank-order sums matter): every case, every rank,
     states, counters and residuals; all ranks hold the same model after the final round."""
@@ -209,6 +210,7 @@ OVERLAP_CASES = [
 ]
 
 
+@pytest.mark.full  # gloo processes
 def test_rounds_in_flight_simulated_equal_gloo_processes_bit_for_bit():
     """Three workers, period 4, rounds landing 1 to 3 steps after they start (the last started
     one landed early by the final average): every case, every rank, states, counters and
@@ -279,6 +281,7 @@ def test_without_error_feedback_no_residual_is_kept_and_the_run_differs():
     assert not _same_bits(runs[True]["state"], runs[False]["state"])
 
 
+@pytest.mark.full  # a killed process
 def test_a_killed_int4_run_resumes_bit_identically_through_the_cli(tmp_path):
     """ptb-small, two workers, int4 rounds with error feedback every 3 steps, checkpoints every
     4 (mid-period): killed after a checkpoint and resumed, it ends where the straight run ends."""

@@ -128,6 +128,7 @@ def test_gpt_trains_with_celgc_through_the_cli(tmp_path, inner):
         assert json.loads((out / "config.json").read_text())["inner_optimizer"] == "adamw"
 
 
+@pytest.mark.full  # a killed process
 def test_resume_with_adamw_after_a_kill_is_bit_identical(tmp_path):
     """K steps straight == killed after a checkpoint, then --resume to K (GPT, clipped AdamW,
     Adam moments averaged at rounds)."""

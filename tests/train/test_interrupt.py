@@ -117,6 +117,7 @@ def test_sigterm_to_torchrun_checkpoints_and_resumes_bit_identically(tmp_path):
     assert_same_run(tmp_path / "run", tmp_path / "straight")
 
 
+@pytest.mark.full  # signals to a training process
 def test_a_second_signal_exits_at_once_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     # A long period: the first signal's agreement point is far away when the second one comes.
@@ -148,6 +149,7 @@ def test_a_second_signal_exits_at_once_and_keeps_the_last_checkpoint(tmp_path):
     assert json.loads((out / "summary.json").read_text())["steps"] == newest + 2
 
 
+@pytest.mark.full  # signals to a training process
 def test_a_long_period_stops_at_the_next_stop_check_not_the_next_round(tmp_path):
     """I = 300: the workers check for a stop request every stop_check_interval = 8 steps, so a
     sweep's grace time is not spent waiting for a round that is minutes away."""
@@ -172,6 +174,7 @@ def test_one_signal_delivered_twice_counts_once():
     assert signal.getsignal(signal.SIGTERM) == before and interrupt.requested() == 0
 
 
+@pytest.mark.full  # signals to a training process
 def test_the_stop_messages_get_lines_of_their_own_beside_the_progress_bar(tmp_path):
     """With the bar on stderr, Ctrl-C's announcement starts a line (not the bar's), and the final
     message follows the erased bar without a rank prefix: every worker stopped at the same step."""

@@ -71,6 +71,7 @@ def test_torchrun_runtime(tmp_path):
     assert summary["steps"] == 4 and summary["workers"] == 2
 
 
+@pytest.mark.full  # a killed process
 def test_resume_after_a_kill_is_bit_identical(tmp_path):
     """K steps straight == killed after a checkpoint, then --resume to K."""
     args = ["--workers", "2", "--period", "3", "--max-steps", "24", "--set", "checkpoint_interval=4", "--set", "lr_decay_epochs=[0]"]
