@@ -99,7 +99,8 @@ def _encoded_chunk(n, world, bits):
     return encoded_nbytes(-(-n // world), bits)
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.full)])
+@pytest.mark.full  # gloo processes
+@pytest.mark.parametrize("world", [2, 3])
 def test_every_worker_decodes_the_same_bits_and_simulation_equals_gloo(world):
     """int8 and int4, with and without feedback, nearest and stochastic rounding, three rounds:
     gloo processes and simulated workers agree bit for bit (averages and residuals), all ranks

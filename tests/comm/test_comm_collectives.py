@@ -31,7 +31,8 @@ def _check(results, world):
             assert _same_bits(got[key], expected[key]), (rank, key)
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.full)])
+@pytest.mark.full  # gloo processes
+@pytest.mark.parametrize("world", [2, 3])
 def test_interleaved_collectives_simulated_and_gloo_give_the_same_bits(world):
     """Three workers take gloo's rank-ordered sum with a helper thread for the all-gather phase,
     while the caller issues a blocking all-reduce and all-to-all in between: every result equals
