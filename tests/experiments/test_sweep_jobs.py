@@ -213,6 +213,7 @@ def test_converge_report_numbers(tmp_path):
     assert "## Time to each quality level, 97 MB rounds" in (folder / "summary.md").read_text()
 
 
+@pytest.mark.full  # a small sweep and its report
 def test_converge_report_says_where_a_stopped_run_diverged(tmp_path):
     """A run ended by stop_on_divergence has a 'diverged at step' column and a note; a sweep
     without one has neither."""
@@ -233,6 +234,7 @@ def test_converge_report_says_where_a_stopped_run_diverged(tmp_path):
     assert "| diverged at step |" in header and "stop_on_divergence" in text
 
 
+@pytest.mark.full  # a small sweep and its report
 def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     """Scenario and beyond-the-paper runs are judged against their naive baseline and their plain
     CELGC counterpart, and each group gets its own figure beside them."""
@@ -284,6 +286,7 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     assert "| vs naive % | plain CELGC | vs plain % |" in markdown
 
 
+@pytest.mark.full  # a small sweep and its report
 def test_converge_report_tells_how_far_seeds_move_a_run(tmp_path):
     """Runs that differ only in their seed (and in how they were hosted) form a family; its range
     and each seed's gap to the naive run of the same seed are reported, and a run with a different
@@ -308,6 +311,7 @@ def test_converge_report_tells_how_far_seeds_move_a_run(tmp_path):
     assert "## Seeds" in markdown and "| celgc-I32, celgc-I32-s2 | 1, 2 | 120, 130 | 125 | 8 | 20, 25 |" in markdown
 
 
+@pytest.mark.full  # a small sweep and its report
 def test_runs_that_would_share_a_label_are_told_apart_in_the_figure(tmp_path):
     """Two local SGD runs at different η read the same from their configs; only the one that
     diverged may be marked so."""
@@ -431,6 +435,7 @@ def test_a_longer_run_is_judged_against_the_longest_shorter_naive_run():
     assert _baseline("celgc-3", finished["celgc-3"], finished) is None  # never against a longer one
 
 
+@pytest.mark.full  # a small sweep and its report
 def test_speedup_converge_report_counts_steps_to_each_target(tmp_path):
     from localclip.experiments.plans import SPEEDUP_TARGETS
 

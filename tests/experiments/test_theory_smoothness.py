@@ -112,6 +112,7 @@ def _without_matplotlib(*argv):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.full  # three CLI processes, the theory check among them
 def test_report_theory_and_smoothness_write_their_numbers_without_matplotlib(tmp_path):
     import shutil
     from helpers import REPO as repo
