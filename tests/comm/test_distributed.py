@@ -21,9 +21,8 @@ def test_gloo_collectives():
     assert spawn(collectives, 3, join_timeout=JOIN, timeout=30) == [([6.0, 6.0, 6.0], 2.0, 2.0)] * 3
 
 
-@pytest.mark.parametrize("kwargs", [dict(period=3),  # the fast tier's case of simulate == gloo
-                                    pytest.param(dict(period=2, clip_mode="global_average", momentum=0.5), marks=pytest.mark.full),
-                                    pytest.param(dict(algorithm="naive"), marks=pytest.mark.full)])
+@pytest.mark.full  # gloo processes
+@pytest.mark.parametrize("kwargs", [dict(period=3), dict(period=2, clip_mode="global_average", momentum=0.5), dict(algorithm="naive")])
 def test_simulated_workers_equal_gloo_processes(kwargs):
     sim = SimulatedWorld(3).run(train_celgc, steps=7, **kwargs)
     real = spawn(train_celgc, 3, steps=7, join_timeout=JOIN, timeout=30, **kwargs)
@@ -34,7 +33,7 @@ def test_simulated_workers_equal_gloo_processes(kwargs):
             torch.testing.assert_close(s["state"][k], r["state"][k], rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.full  # gloo processes
+# The fast tier's case of simulate == gloo: two processes, bit for bit.
 def test_episode_with_outer_nesterov_and_bf16_simulated_equals_gloo():
     """Two workers, so that gloo's bf16 sum (a + b) is the simulation's: bit for bit."""
     kwargs = dict(algorithm="episode", period=2, outer=(0.7, 0.9, True), compression="bf16")
