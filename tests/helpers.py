@@ -85,11 +85,10 @@ CUSTOM_OVERRIDES = ["allow_custom_corpus=true"] if CUSTOM else []
 
 #: Flags of a short ``localclip train`` on SHARED: no progress bar, a small evaluation, a record every 3 steps.
 SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=2000", "--set", "log_interval=3"]
-# Two workers, a few steps, a 2,000-token evaluation: seconds per run on a 2-core machine. One
-# intra-op thread: on a machine shared with other runs, two threads per op cost more than they gain.
-#: --set overrides of a small sweep's runs.
+#: --set overrides of a small sweep's runs. Two workers, a few steps, a 2,000-token evaluation:
+#: seconds per run on a 2-core machine. One intra-op thread: on a machine shared with other runs,
+#: two threads per op cost more than they gain.
 SMALL = ["workers=2", "eval_tokens=2000", "log_interval=2", "eval_interval=0", "checkpoint_interval=4", "threads=1", *CUSTOM_OVERRIDES]
-
 
 
 def _needs_real(root: Path | None, reason: str):
@@ -104,7 +103,6 @@ needs_real_data = _needs_real(REAL_DATA, f"needs the real PTB and WikiText-2 cor
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 HAVE_FMNIST = any((FASHION_MNIST / f"train-images-idx3-ubyte{ext}").exists() for ext in ("", ".gz"))
 needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason=GET_FMNIST)
-
 
 
 def train(tmp_path, *args, name="run"):
