@@ -25,7 +25,7 @@ PY
 
 echo "== 1. tests marked gpu"
 start=$(date +%s)
-timeout 240 "$PY" -m pytest -q -m gpu tests/test_gpu.py
+timeout 240 "$PY" -m pytest -q -m gpu tests/devices/test_gpu.py
 echo "   took $(( $(date +%s) - start )) s"
 
 echo "== 2. ptb-awd, N=8 simulated workers on one GPU, b=3, ${STEPS} steps"

@@ -139,7 +139,7 @@ def reduce_with_then():
     return seen
 
 
-# -- all_to_all, all_gather and non-blocking collectives (tests/test_comm_collectives.py) ---------
+# -- all_to_all, all_gather and non-blocking collectives (tests/comm/test_comm_collectives.py) ---------
 
 
 def spread_values(n, *key):
@@ -232,7 +232,7 @@ def stall_nonblocking(rank_to_stall=1, seconds=15.0):
     return "reduced"
 
 
-# -- low-bit averaging (tests/test_lowbit.py) ---------------------------------------------------
+# -- low-bit averaging (tests/averaging/test_lowbit.py) ---------------------------------------------------
 
 
 def lowbit_cases(n=50_003, rounds=3, seed=0):

@@ -1,0 +1,161 @@
+"""What tests share: where they find data, the small corpus they make when the real one is
+absent, and the helpers of short CLI runs (flags, kill-and-resume, comparing two runs).
+
+The real corpora are found one way, the way the ``localclip`` command finds them
+(:func:`localclip.data.resolve_data_root`: ``$LOCALCLIP_DATA``, else the user cache
+``$XDG_CACHE_HOME/localclip/data`` or ``~/.cache/localclip/data``); conftest.py points
+``LOCALCLIP_DATA`` at a ``shared/data`` folder beside the checkout when there is one and the
+variable is unset.
+
+Tests that need a corpus only to exercise code (training, parity, resume, interrupts, bad input,
+sweeps) use :data:`SHARED`: the real root when PTB is there, else a folder holding a small
+PTB-format corpus written once per test session (a custom corpus: such runs pass
+``--allow-custom-corpus``, which :data:`CUSTOM` and :data:`SMOKE_DATA` carry). Only tests that
+check the real corpus itself, or a number computed on it, skip without it
+(:data:`needs_real_ptb`, :data:`needs_real_data`, which also put them in the full suite) and then
+read it from :data:`REAL_PTB` or :data:`REAL_DATA`, which their guard makes non-None.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from localclip.data.corpora import CORPORA, resolve_data_root
+
+GET_PTB = "`localclip data download ptb` fetches it (or point LOCALCLIP_DATA at a folder holding ptbdataset/)"
+GET_BOTH = ("`localclip data download ptb` and `localclip data download wikitext2` fetch them "
+            "(or point LOCALCLIP_DATA at a folder holding ptbdataset/ and wikitext2/)")
+GET_FMNIST = "Fashion-MNIST not installed: `apt-get install dataset-fashion-mnist` (files under /usr/share/datasets/fashion-mnist)"
+
+
+def real_data_root(*names: str) -> Path | None:
+    """The data root the CLI resolves, if it holds every corpus in ``names`` (default: all known)."""
+    root = resolve_data_root(None)
+    wanted = names or tuple(CORPORA)
+    if all((root / CORPORA[n].folder / split).is_file() for n in wanted for split in ("train.txt", "valid.txt", "test.txt")):
+        return root
+    return None
+
+
+def write_tiny_ptb(folder: Path, *, train_lines: int = 3000, seed: int = 0) -> Path:
+    """A PTB-format corpus (lower-case words, ``<unk>``, ``N``, one sentence a line, a leading
+    space as in PTB's files) of about 60,000 training tokens over a 600-word vocabulary."""
+    rng = random.Random(seed)
+    vocab = ["the", "<unk>", "N", "of", "to", "a", "in", "and", "'s", "that"] + [f"w{i}" for i in range(590)]
+    weights = [1.0 / (i + 1) for i in range(len(vocab))]  # Zipf-like, as words are
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, lines in (("train", train_lines), ("valid", train_lines // 10), ("test", train_lines // 10)):
+        text = "".join(" " + " ".join(rng.choices(vocab, weights, k=rng.randint(8, 30))) + " \n" for _ in range(lines))
+        (folder / f"{split}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def _tiny_root() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="localclip-tiny-data-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    write_tiny_ptb(root / CORPORA["ptb"].folder)
+    # A run may name the other corpus (a resume whose config differs in dataset): it is there too.
+    write_tiny_ptb(root / CORPORA["wikitext2"].folder, train_lines=300, seed=1)
+    return root
+
+
+REAL_PTB = real_data_root("ptb")
+REAL_DATA = real_data_root()
+#: The checkout's root folder (tests/ is in it).
+REPO = Path(__file__).resolve().parents[1]
+#: A data root holding PTB: the real one when present, else the small corpus.
+SHARED: Path = REAL_PTB if REAL_PTB is not None else _tiny_root()
+#: True when SHARED holds the small custom corpus: runs on it need --allow-custom-corpus.
+CUSTOM = REAL_PTB is None
+#: CLI flags that point a run at SHARED.
+SMOKE_DATA = ["--data-root", str(SHARED), *(["--allow-custom-corpus"] if CUSTOM else [])]
+#: --set / sweep overrides that do the same for the corpus check.
+CUSTOM_OVERRIDES = ["allow_custom_corpus=true"] if CUSTOM else []
+
+#: Flags of a short ``localclip train`` on SHARED: no progress bar, a small evaluation, a record every 3 steps.
+SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=2000", "--set", "log_interval=3"]
+#: --set overrides of a small sweep's runs. Two workers, a few steps, a 2,000-token evaluation:
+#: seconds per run on a 2-core machine. One intra-op thread: on a machine shared with other runs,
+#: two threads per op cost more than they gain.
+SMALL = ["workers=2", "eval_tokens=2000", "log_interval=2", "eval_interval=0", "checkpoint_interval=4", "threads=1", *CUSTOM_OVERRIDES]
+
+
+def _needs_real(root: Path | None, reason: str):
+    """A test of the real corpora: skipped without them, and in the full suite only (the fast
+    tier must run, and mean the same, on a newcomer's machine)."""
+    skip = pytest.mark.skipif(root is None, reason=reason)
+    return lambda test: pytest.mark.full(skip(test))
+
+
+needs_real_ptb = _needs_real(REAL_PTB, f"needs the real PTB corpus: {GET_PTB}")
+needs_real_data = _needs_real(REAL_DATA, f"needs the real PTB and WikiText-2 corpora: {GET_BOTH}")
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+HAVE_FMNIST = any((FASHION_MNIST / f"train-images-idx3-ubyte{ext}").exists() for ext in ("", ".gz"))
+needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason=GET_FMNIST)
+
+
+def train(tmp_path, *args, name="run"):
+    """``localclip train ptb-small ARGS`` into ``tmp_path/name`` with :data:`SMOKE`; returns (exit status, folder)."""
+    from localclip.cli import main
+
+    out = tmp_path / name
+    code = main(["train", "ptb-small", *args, "--out", str(out), *SMOKE])
+    return code, out
+
+
+def records(out: Path) -> list[dict]:
+    """Every record of a run's metrics.jsonl."""
+    from localclip import jsonio
+
+    return [jsonio.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def timeless_summary(out: Path) -> dict:
+    """A run's summary.json without its wall-clock keys (``time/...``)."""
+    return {k: v for k, v in json.loads((out / "summary.json").read_text()).items() if not k.startswith("time/")}
+
+
+def timeless_records(out: Path) -> list[dict]:
+    """A run's metrics.jsonl records without their wall-clock keys (``time/...``)."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Two run folders hold the same numbers: summary and every record, wall-clock times aside."""
+    assert timeless_summary(a) == timeless_summary(b)
+    assert timeless_records(a) == timeless_records(b)
+
+
+def kill_after_first_checkpoint(train_args: list[str], out: Path, poll: float = 0.05) -> Path:
+    """Start ``localclip train TRAIN_ARGS --out OUT`` in a process, SIGKILL it once its first
+    checkpoint is written (or after 120 s), and check it had not finished; returns
+    ``latest.json``."""
+    cmd = [sys.executable, "-m", "localclip.cli", "train", *train_args, "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 120
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(poll)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    return latest
+
+
+__all__ = [
+    "CUSTOM", "CUSTOM_OVERRIDES", "FASHION_MNIST", "HAVE_FMNIST", "REAL_DATA", "REAL_PTB", "REPO", "SHARED", "SMALL", "SMOKE",
+    "SMOKE_DATA", "assert_same_run", "kill_after_first_checkpoint", "needs_fmnist", "needs_real_data", "needs_real_ptb",
+    "real_data_root", "records", "timeless_records", "timeless_summary", "train", "write_tiny_ptb",
+]
