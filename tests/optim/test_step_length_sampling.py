@@ -58,7 +58,7 @@ def test_an_unmeasured_step_reduces_only_its_gradient_norm(path, momentum, weigh
 def test_the_trainer_measures_the_sampled_steps_only(tmp_path, monkeypatch):
     from localclip.cli import main
 
-    from test_train import SMOKE
+    from helpers import SMOKE
 
     measured = []
     step = ClippedSGD.step
@@ -86,7 +86,7 @@ def test_the_last_step_of_an_epoch_is_sampled(tmp_path, monkeypatch):
     from localclip.cli import main
     from localclip.data.corpora import CORPORA
 
-    from shared_data import write_tiny_ptb
+    from helpers import write_tiny_ptb
 
     write_tiny_ptb(tmp_path / "data" / CORPORA["ptb"].folder, train_lines=100)
     measured = []

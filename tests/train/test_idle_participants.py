@@ -11,7 +11,7 @@ from localclip.cli import main
 from localclip.errors import ConfigError
 from localclip.recipes import get_recipe
 from localclip.train import capacity, run_training, trainer
-from shared_data import CUSTOM, SHARED, SMOKE_DATA
+from helpers import CUSTOM, SHARED, SMOKE_DATA
 
 SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=500", "--set", "loggers=[]"]
 

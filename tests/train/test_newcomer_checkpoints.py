@@ -16,7 +16,7 @@ from localclip import data
 from localclip.cli import main
 from localclip.train import RunFolder
 from localclip.train.checkpointing import agree_on_checkpoint
-from shared_data import write_tiny_ptb
+from helpers import write_tiny_ptb
 
 FAST = ["--no-progress", "--workers", "2", "--period", "2", "--set", "eval_tokens=2000", "--set", "log_interval=2", "--allow-custom-corpus"]
 

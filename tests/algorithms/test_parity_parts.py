@@ -81,7 +81,7 @@ def test_a_run_with_a_decaying_outer_lr_hands_its_outer_optimizer_to_the_decay()
 
     from localclip.recipes import get_recipe
     from localclip.train import Trainer
-    from shared_data import CUSTOM, SHARED
+    from helpers import CUSTOM, SHARED
 
     config = dataclasses.replace(
         get_recipe("ptb-small"), workers=2, period=2, outer_optimizer="nesterov", outer_lr_decay=True,

@@ -174,7 +174,7 @@ def test_an_unreachable_lighthouse_is_one_line(run):
 
 def _cli_run(tmp_path, name, runtime, workers, extra=()):
     from localclip.cli import main
-    from shared_data import SMOKE_DATA
+    from helpers import SMOKE_DATA
 
     out = tmp_path / name
     args = ["train", "ptb-small", "--workers", str(workers), "--runtime", runtime, "--out", str(out), "--no-progress", *SMOKE_DATA,

@@ -15,7 +15,7 @@ import pytest
 from localclip import data
 from localclip.cli import main
 from localclip.data import corpora
-from shared_data import REAL_PTB, needs_real_ptb, write_tiny_ptb
+from helpers import REAL_PTB, needs_real_ptb, write_tiny_ptb
 
 SPLITS = ("train.txt", "valid.txt", "test.txt")
 

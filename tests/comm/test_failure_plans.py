@@ -13,7 +13,7 @@ from localclip.algorithms import CELGC
 from localclip.cli import main
 from localclip.comm import SimulatedWorld, current
 from localclip.comm.membership import Absence, PlannedMembership, check_plan, parse_plan
-from shared_data import SMOKE_DATA
+from helpers import SMOKE_DATA
 
 
 def _flat(model):

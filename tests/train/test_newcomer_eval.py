@@ -7,7 +7,7 @@ import pytest
 from localclip import data
 from localclip.cli import main
 from localclip.train import trainer as trainer_module
-from shared_data import write_tiny_ptb
+from helpers import write_tiny_ptb
 
 
 class Bar:

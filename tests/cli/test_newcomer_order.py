@@ -12,7 +12,7 @@ from localclip import data
 from localclip.errors import DataError
 from localclip.cli import main, train_config
 from localclip.train import RunFolder, run_config_json
-from shared_data import write_tiny_ptb
+from helpers import write_tiny_ptb
 
 FAST = ["--no-progress", "--workers", "2", "--period", "2", "--max-steps", "2", "--set", "eval_tokens=2000"]
 
