@@ -40,7 +40,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     try:
-        membership = FaultTolerantMembership(args.rank, args.world, args.lighthouse, timeout=args.timeout, quorum_timeout=60.0)
+        membership = FaultTolerantMembership(args.rank, args.world, args.lighthouse, timeout=args.timeout, quorum_timeout=600.0)
     except CommunicationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
