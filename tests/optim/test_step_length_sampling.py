@@ -54,7 +54,6 @@ def test_an_unmeasured_step_reduces_only_its_gradient_norm(path, momentum, weigh
     assert torch.isnan(opt_off.last_step_length) and torch.isfinite(opt_on.last_step_length)
 
 
-@pytest.mark.skipif(not (__import__("test_train").SHARED / "ptbdataset" / "train.txt").exists(), reason="PTB corpus not found")
 def test_the_trainer_measures_the_sampled_steps_only(tmp_path, monkeypatch):
     from localclip.cli import main
 
