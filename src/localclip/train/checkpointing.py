@@ -7,9 +7,9 @@ uninterrupted one. The loop writes one every ``checkpoint_interval`` steps (:met
 at the start of each epoch, at a stop request, and when the budget (``max_steps``, ``epochs``)
 runs out, before the final averaging, so that a larger budget continues a finished run exactly
 where a straight run with that budget would be; a state already on disk is not written again.
-A diverged state is never written: the end of a budget's state is taken before the final
-averaging but written only once the final evaluation shows a finite loss (:meth:`Checkpointer.hold`),
-and no checkpoint follows a validation that found the model diverged.
+A diverged state is never a checkpoint: the end of a budget's set is written before the final
+averaging but enters the index only once the final evaluation shows a finite loss, and is deleted
+otherwise (:meth:`Checkpointer.hold`); no checkpoint follows a validation that found the model diverged.
 Every rank saves its own file with every tensor on the CPU, so a checkpoint loads on any device;
 rank 0 moves the index once every rank's file exists. Where the files lie and which sets are
 kept is the run folder's (:class:`~localclip.train.run_folder.RunFolder`). A resume takes the
@@ -19,7 +19,6 @@ not load are set aside (:meth:`~localclip.train.run_folder.RunFolder.set_aside`)
 
 from __future__ import annotations
 
-import io
 import sys
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -90,7 +89,7 @@ class Checkpointer:
         self.run_folder, self.comm = run_folder, comm
         self.interval, self.keep = interval, keep
         self._pending: dict | None = None  # the checkpoint to resume from, not restored yet
-        self._held: tuple | None = None  # a state taken by hold(), not written yet
+        self._held: tuple | None = None  # a set written by hold(), not in the index yet
         self._saved_at: tuple | None = None  # (step, epoch, position) of the last checkpoint written or restored
 
     def discard_pending(self) -> None:
@@ -111,44 +110,51 @@ class Checkpointer:
         self._write(here, self._name(trainer), devices.to_cpu(worker_state(trainer)), trainer.epoch_progress())
 
     def hold(self, trainer: Worker) -> None:
-        """Take the trainer's state now, to be written by :meth:`write_held` once it is known not
-        to have diverged (the end of a budget: the final evaluation tells). Every rank calls
-        this at the same point; the state is kept as the bytes ``torch.save`` writes, so the
-        file is the one :meth:`save` would have written here."""
+        """Write the trainer's state now, but put it in the index only at :meth:`write_held`,
+        once it is known not to have diverged (the end of a budget: the final evaluation tells);
+        :meth:`drop_held` deletes it instead. Every rank calls these at the same points; until
+        then the set is a folder that no index names, never resumed from."""
         self._held = None
         if self.run_folder is None:
             return
         here = (trainer.step, trainer.epoch, trainer.position)
         if here == self._saved_at:
             return
-        buffer = io.BytesIO()
-        torch.save(devices.to_cpu(worker_state(trainer)), buffer)
+        name = self._name(trainer)
+        self.run_folder.save_worker_checkpoint(devices.to_cpu(worker_state(trainer)), name, self.comm.rank)
+        self.comm.barrier()  # every rank's file exists before latest.json moves
         lines = self.run_folder.metrics_lines if self.comm.rank == 0 else None
-        self._held = (here, self._name(trainer), buffer.getvalue(), trainer.epoch_progress(), lines)
+        self._held = (here, name, trainer.epoch_progress(), lines)
 
     def write_held(self) -> None:
-        """Write the state taken by :meth:`hold` (every rank calls this at the same point)."""
+        """Put the set written by :meth:`hold` in the index (rank 0; every rank calls this)."""
         if self._held is None:
             return
-        here, name, payload, epochs, lines = self._held
+        here, name, epochs, lines = self._held
         self._held = None
-        self._write(here, name, payload, epochs, lines)
+        if self.comm.rank == 0:
+            self.run_folder.commit_checkpoint(here[0], self.comm.world_size, name=name, epochs=epochs, keep=self.keep, metrics_lines=lines)
+        self._saved_at = here
 
     def drop_held(self) -> None:
-        """Forget the state taken by :meth:`hold`: it diverged, and a diverged state is never a checkpoint."""
+        """Delete the set written by :meth:`hold`: it diverged, and a diverged state is never a checkpoint."""
+        if self._held is None:
+            return
+        name = self._held[1]
         self._held = None
+        if self.comm.rank == 0:
+            self.run_folder.drop_set(name)
 
     def _name(self, trainer: Worker) -> str:
         # The start of an epoch gets its own name: the last step of the previous epoch may
         # have a checkpoint of its own, a different state at the same step.
         return f"step-{trainer.step}-epoch-{trainer.epoch}" if trainer.position == 0 and trainer.epoch > 0 else f"step-{trainer.step}"
 
-    def _write(self, here: tuple, name: str, state, epochs: float, metrics_lines: int | None = None) -> None:
+    def _write(self, here: tuple, name: str, state, epochs: float) -> None:
         self.run_folder.save_worker_checkpoint(state, name, self.comm.rank)
         self.comm.barrier()  # every rank's file exists before latest.json moves
         if self.comm.rank == 0:
-            self.run_folder.commit_checkpoint(here[0], self.comm.world_size, name=name, epochs=epochs, keep=self.keep,
-                                              metrics_lines=metrics_lines)
+            self.run_folder.commit_checkpoint(here[0], self.comm.world_size, name=name, epochs=epochs, keep=self.keep)
         self._saved_at = here
 
     def resume(self, state: dict) -> None:

@@ -87,13 +87,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_torch_save(obj, path: Path) -> None:
-    """``torch.save(obj)`` to ``path`` through a temporary name; ``obj`` may also be the bytes
-    that ``torch.save`` wrote earlier into a buffer."""
     tmp = path.with_name(f".{path.name}.tmp")
-    if isinstance(obj, bytes):
-        tmp.write_bytes(obj)
-    else:
-        torch.save(obj, tmp)
+    torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
@@ -370,6 +365,11 @@ class RunFolder:
             if up_to is not None and _step_of(old.name) > up_to:
                 continue  # perhaps being written right now by a rank that went on (see commit_checkpoint)
             shutil.rmtree(old, ignore_errors=True)
+
+    def drop_set(self, name: str) -> None:
+        """Delete set ``name``, which no index names (a set never committed)."""
+        if name not in {e["dir"] for e in self.checkpoint_sets()}:
+            shutil.rmtree(self.checkpoints / name, ignore_errors=True)
 
     def load_worker_checkpoint(self, name: str, rank: int) -> dict:
         path = self.checkpoint_file(name, rank)

@@ -280,7 +280,7 @@ class Trainer:
             diverged = self.diverged_at is not None
             if cut and not diverged:
                 # The budget ends inside this epoch: keep the state before the final averaging,
-                # where a run with a larger budget would carry on; written once the final
+                # where a run with a larger budget would carry on; a checkpoint once the final
                 # evaluation shows that it did not diverge.
                 self.checkpointer.hold(self)
             rounds = self._rounds()
