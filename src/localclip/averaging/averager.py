@@ -359,9 +359,9 @@ class PeriodicAverager:
         quorum decides who is averaged, a joiner heals at a round and takes part with weight 0,
         and a round the membership does not commit is discarded. Refuses the options whose state
         a changing group would leave undefined (docs/algorithm.md says why for each)."""
-        refused = [("fragments", self.fragments, 1), ("overlap", self.overlap, 0), ("participants", self.participants, None),
+        refused = [("fragments", self.fragments, 1), ("overlap", self.overlap, 0), ("participants", self.participation.participants, None),
                    ("optimizer_state", self.optimizer_state, "local")]
-        refused += [("compression", self.compression, "none")] if self.compression in _compression.LOWBIT else []
+        refused += [("compression", self.compression, "none")] if self.compression in codecs.LOWBIT else []
         for name, value, off in refused:
             if value != off:
                 raise ValueError(f"Invalid {name}={value!r} with a changing group of workers (failure plans, --runtime ft): needs {name}={off!r}")
