@@ -10,7 +10,7 @@ import pytest
 
 from localclip.cli import main, train_config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # ptb-small's steps per worker in one epoch of PTB at 4 workers (docs/language-models.md).
 PTB_SMALL_EPOCH_STEPS = 2324
 

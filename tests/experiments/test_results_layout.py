@@ -9,7 +9,7 @@ from pathlib import Path
 from localclip import experiments
 from localclip.train.run_folder import RunFolder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 
 
@@ -62,7 +62,8 @@ def test_results_hold_runs_and_tables_not_scripts_logs_or_reruns():
 
 
 def _cited(text: str) -> set[str]:
-    paths = {m.rstrip(".,") for m in re.findall(r"results/[\w./{}-]+", text)}
+    # results/ at the repository's top, not benchmarks/results/ (the benchmarks' records)
+    paths = {m.rstrip(".,") for m in re.findall(r"(?<![\w/])results/[\w./{}-]+", text)}
     # a placeholder (NAME, {a,b}) and the CLI's default root for new sweeps are not committed folders
     return {p for p in paths if not re.search(r"[A-Z{]", p) and p != "results/sweeps"}
 

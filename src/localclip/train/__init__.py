@@ -32,11 +32,12 @@ def run_training(
     """Train ``config`` into the run folder ``out``; return the summary (rank 0's under torchrun).
 
     Everything that can be checked is checked before the folder is touched: the config, the
-    model options, the memory the run needs (:func:`localclip.train.capacity.check_memory`), the
-    folder itself (see :meth:`RunFolder.prepare`: a folder in use by another process, a resume
-    whose config differs), then the corpus, in that order, so that a refused folder is one line
-    and costs no download. ``fetch_corpus(config)``, if given, is called between the last two
-    (the ``localclip`` command downloads a missing corpus there). On
+    model options, the folder itself (see :meth:`RunFolder.prepare`: a folder in use by another
+    process, a resume whose config differs), the corpus, then the memory the run needs
+    (:func:`localclip.train.capacity.check_memory`, which reads the corpus's size), in that
+    order, so that a refused folder is one line and costs no download. ``fetch_corpus(config)``,
+    if given, is called before the corpus is checked (the ``localclip`` command downloads a
+    missing corpus there). On
     SIGTERM/SIGINT the workers checkpoint and :class:`~localclip.errors.Interrupted` is raised.
     """
     from localclip import interrupt, launch
@@ -58,7 +59,6 @@ def run_training(
         return _run_ft(config, out, config_json, resume, progress)
     if runtime == "torchrun":
         return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
-    check_memory(config, runtime)
     run = RunFolder(out)
     try:
         checkpoints = run.prepare(config_json, resume=resume)
@@ -66,6 +66,7 @@ def run_training(
             fetch_corpus(config)
         _check_corpus(config)
         check_data(config)
+        check_memory(config, runtime)  # reads the corpus for its size: after it is known to be there
         run.begin(config_json, resuming=bool(checkpoints))
         backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
         try:

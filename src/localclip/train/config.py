@@ -282,7 +282,7 @@ class TrainConfig:
         if len(conflicts) == 1:
             bad(*next(iter(conflicts.items())))
         if conflicts:
-            raise ConfigError(f"{len(conflicts)} settings conflict: " + "; ".join(f"{name}={getattr(self, name)!r} ({why})" for name, why in conflicts.items()))
+            raise ConfigError(f"Invalid settings, {len(conflicts)} in conflict: " + "; ".join(f"{name}={getattr(self, name)!r} ({why})" for name, why in conflicts.items()))
         return self
 
     def resolved(self) -> "TrainConfig":
