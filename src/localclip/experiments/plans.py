@@ -646,7 +646,7 @@ PARITY_DROPOUT = 0.2
 
 @sweep("parity", report="converge")
 def parity(epochs: float = 12.0) -> Plan:
-    """Closing CELGC's gap at I = 32 — ptb-converge, N=8, 12 epochs, each side at its tuned γ: outer Nesterov (outer lr 0.5 / 0.7 / 1.0), dropout for both sides.
+    """Closing CELGC's gap at I = 32 — ptb-converge, N=8, 12 epochs, each side at its tuned γ: outer Nesterov (outer lr 0.5 / 0.7 / 1, and decaying), post-local SGD, dropout and a constant-lr schedule for both sides.
 
     The screening stage of the parity question: which method brings CELGC at I = 32 (32x fewer
     rounds than naive) to naive parallel clipping's final validation perplexity. Every run of
@@ -665,7 +665,7 @@ def parity(epochs: float = 12.0) -> Plan:
       (``outer_lr_decay``), since a constant outer lr hurt at I = 256 while the inner lr decayed.
     * ``celgc-I32-postlocal1``: post-local SGD, a round after every step for the first epoch
       (``warmup_steps``, a whole number of periods), then every 32 steps: its warm-up rounds
-      count, about 2.6x the rounds of plain I = 32.
+      count: about 1,560 in all, 3.5x plain I = 32's.
     * ``naive-const-asgd`` and ``celgc-I32-const-asgd``: the paper's kind of schedule for both
       sides, a constant lr and γ with the NT-ASGD-like average of end-of-epoch weights
       (``asgd_patience`` 1: it starts after the first epoch whose validation does not improve).
