@@ -283,7 +283,7 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     markdown = (folder / "summary.md").read_text()
     for name in result["figures"].values():
         assert (folder / name).stat().st_size > 10_000 and f"]({name})" in markdown
-    assert "| vs naive % | plain CELGC | vs plain % |" in markdown
+    assert "| vs naive % | best val/ppl | best at epoch | best vs naive best % | plain CELGC | vs plain % |" in markdown
 
 
 @pytest.mark.full  # a small sweep and its report

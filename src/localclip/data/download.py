@@ -146,13 +146,7 @@ def download_corpus(
         say(f"{spec.name}: {folder} already holds verified {', '.join(wanted)}")
         return folder
 
-    # The folders this call creates, outermost first: a failed download removes them again.
-    created = [p for p in (*reversed(folder.parents), folder) if not p.exists()]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        _remove_empty(created)
-        raise DataError(f"Cannot create {folder}: {e.strerror or e}. Choose a writable --data-root.") from None
+    created = _make_folder(folder)
 
     base = (base_url if base_url is not None else source.base_url).rstrip("/")
     hint = _manual_hint(spec.name, folder, base)
@@ -259,12 +253,7 @@ def import_corpus(
         path = folder / local
         if path.is_file() and file_sha256(path) != spec.sha256[local]:
             raise DataError(f"{path} exists but is not the canonical {spec.name} {local}; move it away first (nothing was installed)")
-    created = [p for p in (*reversed(folder.parents), folder) if not p.exists()]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        _remove_empty(created)
-        raise DataError(f"Cannot create {folder}: {e.strerror or e}. Choose a writable --data-root.") from None
+    created = _make_folder(folder)
     staged: dict[str, Path] = {}
     try:
         for local, path in found.items():
@@ -294,6 +283,18 @@ def _unlink(paths: list[Path]) -> None:
             tmp.unlink()
         except OSError:
             pass
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Create ``folder`` and return the folders this call created, outermost first, so that a
+    failed download or import removes them again (:func:`_remove_empty`)."""
+    created = [p for p in (*reversed(folder.parents), folder) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _remove_empty(created)
+        raise DataError(f"Cannot create {folder}: {e.strerror or e}. Choose a writable --data-root.") from None
+    return created
 
 
 def _remove_empty(folders: list[Path]) -> None:
