@@ -366,7 +366,7 @@ def main(argv=None) -> int:
             continue
         print(f"{n:<28} {1e3 * new_ms:>8.1f} {mb:>7.0f} " + " ".join(f"{1e3 * t:>{w}.1f}" for t, w in zip(lim, (8, 9, 8, 9)))
               + " " + " ".join(f"{100 * t / new_ms:>{w}.0f}%" for t, w in zip(lim, (8, 9, 8, 9))))
-    print("Target (issue 44): the codec's throughput per phase >= 40 % of the memory-copy limit on one thread.")
+    print("Target: the codec's throughput per phase >= 40 % of the memory-copy limit on one thread.")
     return 0
 
 

@@ -362,7 +362,7 @@ def main(argv=None):
         print(f"  {k:<54} {1e3 * v:8.1f} ms")
     met = all(paired[s][k] <= 0.35 for s in SETTINGS for k in ("(c) ClippedSGD default (fused)",
               "(d) ClippedSGD foreach=True, fused=False", "(e) ClippedSGD foreach=False, fused=False (loop)"))
-    print(f"\nTarget (issue 44): (c), (d) and (e) <= 0.35x torch's pair in every setting: {'met' if met else 'NOT met'} in this run.")
+    print(f"\nTarget: (c), (d) and (e) <= 0.35x torch's pair in every setting: {'met' if met else 'NOT met'} in this run.")
     print(f"load avg at end {os.getloadavg()[0]:.2f}")
     if not ok:
         print("PARITY CHECK FAILED")
