@@ -155,7 +155,32 @@ def kill_after_first_checkpoint(train_args: list[str], out: Path, poll: float = 
 
 
 __all__ = [
-    "CUSTOM", "CUSTOM_OVERRIDES", "FASHION_MNIST", "HAVE_FMNIST", "REAL_DATA", "REAL_PTB", "REPO", "SHARED", "SMALL", "SMOKE",
+    "CUSTOM", "CUSTOM_OVERRIDES", "FASHION_MNIST", "HAVE_FMNIST", "REAL_DATA", "REAL_PTB", "REPO", "RecordingBar", "SHARED", "SMALL", "SMOKE",
     "SMOKE_DATA", "assert_same_run", "kill_after_first_checkpoint", "needs_fmnist", "needs_real_data", "needs_real_ptb",
     "real_data_root", "records", "timeless_records", "timeless_summary", "train", "write_tiny_ptb",
 ]
+
+
+class RecordingBar:
+    """Stands in for tqdm and keeps what the trainer told it."""
+
+    instances = []
+
+    def __init__(self, **kwargs):
+        self.total, self.n, self.postfixes, self.closed = kwargs.get("total"), kwargs.get("initial", 0), [], False
+        RecordingBar.instances.append(self)
+
+    def update(self, k=1):
+        self.n += k
+
+    def refresh(self):
+        pass
+
+    def set_postfix(self, refresh=True, **kw):
+        self.postfixes.append(kw)
+
+    def set_postfix_str(self, text, refresh=True):
+        self.postfixes.append(text)
+
+    def close(self):
+        self.closed = True

@@ -7,29 +7,7 @@ import pytest
 from localclip import data
 from localclip.cli import main
 from localclip.train import trainer as trainer_module
-from helpers import write_tiny_ptb
-
-
-class Bar:
-    """Stands in for tqdm: keeps the postfixes the trainer sets."""
-
-    def __init__(self):
-        self.total, self.n, self.postfixes = None, 0, []
-
-    def update(self, k=1):
-        self.n += k
-
-    def refresh(self):
-        pass
-
-    def set_postfix(self, refresh=True, **kw):
-        self.postfixes.append(kw)
-
-    def set_postfix_str(self, text, refresh=True):
-        self.postfixes.append(text)
-
-    def close(self):
-        pass
+from helpers import RecordingBar, write_tiny_ptb
 
 
 def test_the_final_evaluation_shows_each_split_in_percent(tmp_path, monkeypatch):
@@ -38,7 +16,7 @@ def test_the_final_evaluation_shows_each_split_in_percent(tmp_path, monkeypatch)
     def factory(self):  # rank 0's bar only: the simulated workers make their trainers in any order
         if not self.progress:
             return None
-        bars.append(Bar())
+        bars.append(RecordingBar())
         return bars[-1]
 
     monkeypatch.setattr(trainer_module.Trainer, "_progress_bar", factory)

@@ -9,34 +9,9 @@ import pytest
 
 from localclip.cli import main
 from localclip.train import trainer as trainer_module
-from helpers import SMOKE_DATA
+from helpers import SMOKE_DATA, RecordingBar
 
 SMOKE = [*SMOKE_DATA, "--set", "eval_tokens=2000", "--set", "log_interval=3", "--workers", "2", "--period", "2"]
-
-
-class RecordingBar:
-    """Stands in for tqdm and keeps what the trainer told it."""
-
-    instances = []
-
-    def __init__(self, **kwargs):
-        self.total, self.n, self.postfixes, self.closed = kwargs.get("total"), kwargs.get("initial", 0), [], False
-        RecordingBar.instances.append(self)
-
-    def update(self, k=1):
-        self.n += k
-
-    def refresh(self):
-        pass
-
-    def set_postfix(self, refresh=True, **kw):
-        self.postfixes.append(kw)
-
-    def set_postfix_str(self, text, refresh=True):
-        self.postfixes.append(text)
-
-    def close(self):
-        self.closed = True
 
 
 @pytest.fixture
