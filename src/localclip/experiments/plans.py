@@ -34,7 +34,7 @@ SWEEPS: dict[str, Callable[..., Plan]] = {}
 # in b=10 columns of bptt 20, and Fashion-MNIST's 60,000 images in batches of 16. Only the
 # logging and evaluation intervals are derived from them, so an estimate off by a few steps
 # changes nothing but where a record falls.
-WORKER_STEPS_PER_EPOCH = {"ptb-small": 9296, "ptb-converge": 9296, "fmnist-resnet": 3750, "wt2-converge": 10443}
+WORKER_STEPS_PER_EPOCH = {"ptb-small": 9296, "ptb-converge": 9296, "fmnist-resnet": 3750, "wt2-converge": 10443, "ptb-gpt-small": 1816}
 LOGS_PER_EPOCH = 64
 
 
@@ -693,6 +693,46 @@ def parity(epochs: float = 12.0) -> Plan:
         ("celgc-I32-const-asgd", _converge(epochs, decay_start=1.0, **celgc, asgd_patience=1)),
         olr[1.0],
     ]
+    return runs
+
+
+# -- the transformer, DiLoCo's own setting: AdamW inside, Nesterov outside ---------------------------
+
+GPT_PARITY_PERIODS = (32, 128)
+GPT_PARITY_SEEDS = (2020, 2021)
+GPT_PARITY_EVAL_INTERVAL = 256
+"""Validation every 256 local steps for every run (about 2 per epoch): a multiple of each
+period, so every run is scored at the same steps and every score is of an averaged model."""
+
+
+@sweep("gpt-parity", report="converge")
+def gpt_parity(epochs: float = 10.0) -> Plan:
+    """The transformer in DiLoCo's setting — ptb-gpt-small with AdamW, N=4, 10 epochs: naive (the averaged gradient clipped) against clipped AdamW inside and outer Nesterov at I = 32 and 128, seeds 2020 and 2021.
+
+    Every run takes the recipe's AdamW settings (lr 2e-3, betas 0.9/0.95, weight decay 0.1,
+    gradient norm clipped to 1: nanoGPT's), the same tokens and the same schedule: the lr constant
+    for the first third, then halved each epoch (``converge_schedule``, 1/256 in all). Naive
+    clips and steps on the workers' mean gradient every step; the DiLoCo runs clip each worker's
+    own gradient, take AdamW steps locally, and at each round take an outer Nesterov step (lr 0.7,
+    momentum 0.9: DiLoCo's defaults, not tuned here; nor is naive's lr, the recipe's). Plain
+    averaging at I = 32 (seed 2020) separates what the outer step adds.
+    """
+    from localclip.recipes import converge_schedule, for_inner_optimizer
+
+    base = for_inner_optimizer("ptb-gpt-small", dataclasses.replace(get_recipe("ptb-gpt-small"), inner_optimizer="adamw"), set())
+    decay_epochs, decay = converge_schedule(epochs, 1 / 3)
+    per_worker = WORKER_STEPS_PER_EPOCH["ptb-gpt-small"] // base.workers
+    base = dataclasses.replace(base, epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, threads=1,
+                               eval_interval=GPT_PARITY_EVAL_INTERVAL, log_interval=max(1, per_worker // LOGS_PER_EPOCH),
+                               checkpoint_interval=GPT_PARITY_EVAL_INTERVAL)
+    diloco = dict(algorithm="celgc", outer_optimizer="nesterov", outer_lr=0.7, outer_momentum=0.9)
+    runs = []
+    for seed in GPT_PARITY_SEEDS:
+        tag = "" if seed == GPT_PARITY_SEEDS[0] else f"-s{seed}"
+        runs.append((f"naive{tag}", dataclasses.replace(base, algorithm="naive", period=1, seed=seed)))
+        for period in GPT_PARITY_PERIODS:
+            runs.append((f"diloco-I{period}{tag}", dataclasses.replace(base, **diloco, period=period, seed=seed)))
+    runs.insert(3, ("avg-I32", dataclasses.replace(base, algorithm="celgc", period=32, seed=GPT_PARITY_SEEDS[0])))
     return runs
 
 

@@ -401,6 +401,8 @@ def _short(cfg: TrainConfig) -> str:
             text += " idle"
     if r.seed != 2020:
         text += f" seed={r.seed}"
+    if r.inner_optimizer != "clipped_sgd":
+        text += f" {r.inner_optimizer}(clip={r.max_grad_norm:g})"
     if r.outer_optimizer != "none":
         text += f" outer={r.outer_optimizer}(lr={r.outer_lr:g}{' decaying' if r.outer_lr_decay else ''}, μ={r.outer_momentum:g})"
     if r.warmup_steps:
