@@ -466,7 +466,7 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     assert runs["celgc-I8"].to_dict() == fair["celgc-I8"].to_dict() and runs["naive"].to_dict() == fair["naive"].to_dict()
     assert runs["celgc-I32"].to_dict() == fair["celgc-I32"].to_dict()
     long = runs["celgc-I32-P4-tau1"]
-    assert {k for k, v in long.to_dict().items() if v != runs["celgc-I32"].to_dict()[k]} == {"fragments", "overlap", "eval_interval"}
+    assert {k for k, v in long.to_flat().items() if v != runs["celgc-I32"].to_flat()[k]} == {"fragments", "overlap", "eval_interval"}
     p4 = runs["celgc-I8-P4-tau1"]
     assert (p4.round.fragments, p4.round.overlap, p4.round.overlap_alpha, p4.evaluation.eval_interval) == (4, 1, 0.0, 0)
     lowbit = ("celgc-I8-int4", "celgc-I8-int4-noef", "celgc-I8-bf16")
@@ -477,7 +477,7 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     assert (carry.round.fragments, carry.round.overlap, carry.round.overlap_alpha, carry.round.overlap_merge, carry.evaluation.eval_interval) == (4, 1, 0.0, "carry", 0)
     assert {n: r.round.overlap_merge for n, r in runs.items() if r.round.overlap_merge != "mix"} == {"celgc-I8-P4-tau1-carry": "carry"}
     for name in ("celgc-I8-P4-tau1", "celgc-I8-P4", "celgc-I8-P4-tau1-a0.5", "celgc-I8-P4-tau1-carry", *lowbit):  # the same run but for its rounds
-        changed = {k for k, v in runs[name].to_dict().items() if v != runs["celgc-I8"].to_dict()[k]}
+        changed = {k for k, v in runs[name].to_flat().items() if v != runs["celgc-I8"].to_flat()[k]}
         assert changed <= {"fragments", "overlap", "overlap_alpha", "overlap_merge", "eval_interval", "compression", "error_feedback"}, (name, changed)
 
 

@@ -16,8 +16,9 @@ A run is three independent choices, each implemented (and its allowed values kep
 
 :func:`build_algorithm` composes them through the algorithms' public constructor
 (:meth:`~localclip.algorithms.DistributedAlgorithm.from_optimizer`), so that a config and the
-same composition written by hand with the library give the same bits. :func:`check` refuses the
-combinations that would mean nothing (each message names both fields), and :func:`resolve`
+same composition written by hand with the library give the same bits. :func:`check` holds the rules
+across a config's sections (each section checks its own values: :mod:`localclip.train.sections`):
+it refuses the combinations that would mean nothing (each message names both fields), and :func:`resolve`
 writes into a config the values its algorithm fixes (``naive``: period 1; ``single``: one
 worker; ``local-sgd``: no clipping), so that ``config.json`` and the summary say what ran.
 Everything else that asks about an algorithm by name (the trainer, the sweeps, the report, the
@@ -130,7 +131,9 @@ def overridden(config, explicit) -> str | None:
 
 
 def check(config, bad) -> None:
-    """Refuse what the chosen algorithm, local update and round would not do as the config says.
+    """Refuse what the chosen algorithm, local update and round would not do as the config says:
+    the rules that relate values of two sections (participants and workers, idle non-participants
+    and what a worker would carry between its periods, a GPT's window and the sequence lengths, ...).
 
     ``bad(field, why)`` is called for each conflict (it may raise, or collect them all: every
     check here reads only values already checked on their own); each message names the other

@@ -108,7 +108,7 @@ def _sized(cfg: TrainConfig, recipe: str, evals_per_epoch: int) -> TrainConfig:
     keeps its config. A full PTB validation costs about as much as 250 worker-steps.
     """
     resolved = cfg.resolved()
-    per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.algorithm.name.workers)
+    per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.algorithm.workers)
     period = communication_period(resolved) or 1
     every = max(period, round(per_worker / evals_per_epoch / period) * period)
     return cfg.replace(eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH), threads=1)

@@ -207,7 +207,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     """Apply ``KEY=VALUE`` strings (``--set``): KEY a flat name (``period``) or ``section.field``
     (``round.period``); ``model_options.KEY=VALUE`` sets one model option."""
     changes: dict = {}
-    model_options = dict(config.workload.model_options)
+    model_options: dict = {}  # model_options.KEY=VALUE, applied over the whole dict (given or not)
     for item in overrides:
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -228,5 +228,5 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ConfigError(f"Unknown config key in --set: {key!r}{hint} (see `localclip recipes --fields`)")
             changes[name] = _coerce(name, value)
-    changes.setdefault("model_options", model_options)
+    changes["model_options"] = {**changes.get("model_options", config.workload.model_options), **model_options}
     return config.replace(**changes)

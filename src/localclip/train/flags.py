@@ -3,9 +3,10 @@
 :data:`FLAGS` maps each flag (its argparse ``dest``) to the ``section.field`` it sets;
 :func:`config_from_args` applies them to the recipe, then ``--set KEY=VALUE``
 (:func:`localclip.train.config.apply_overrides`), then the recipe's settings for another inner
-optimizer, and returns the resolved config. A flag's value is checked once, by its section
-(:mod:`localclip.train.sections`), or with the values it relates to, by
-:func:`localclip.algorithms.build.check`; the parser only turns the text into a number.
+optimizer, and returns the resolved config. A value is checked by its section
+(:mod:`localclip.train.sections`), and with the values of other sections it relates to by
+:func:`localclip.algorithms.build.check`; the parser only turns the text into a value (refusing,
+with the flag's name, a number out of its type's range).
 """
 
 from __future__ import annotations
