@@ -62,7 +62,8 @@ def main() -> None:
     if args.long is not None and args.long <= args.steps:
         parser.error(f"--long {args.long} must be more than --steps {args.steps}")
 
-    base = get_recipe("ptb-small").replace(data_root=args.data_root, period=8, eval_tokens=2000,
+    base = get_recipe("ptb-small").replace(
+        data_root=args.data_root, period=8, eval_tokens=2000,
         model_options={**get_recipe("ptb-small").workload.model_options, "dropout": 0.2},
         log_interval=8, checkpoint_interval=10**6, max_steps=args.steps,
     )

@@ -48,8 +48,9 @@ def child(args) -> None:
     from localclip.recipes import get_recipe
     from localclip.train import run_training
 
-    cfg = (# Epochs enough for the steps (an epoch of 1000 workers is 9 steps): max_steps ends the run.
-        get_recipe("ptb-small")).replace(**json.loads(args.child), max_steps=args.steps, epochs=float(args.steps), eval_tokens=args.eval_tokens,
+    cfg = get_recipe("ptb-small").replace(
+        # Epochs enough for the steps (an epoch of 1000 workers is 9 steps): max_steps ends the run.
+        **json.loads(args.child), max_steps=args.steps, epochs=float(args.steps), eval_tokens=args.eval_tokens,
         data_root=args.data_root, loggers=[], seed=args.seed,
     )
     threads = []

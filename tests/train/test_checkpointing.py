@@ -42,7 +42,8 @@ def step(trainer, batches):
 
 
 def test_a_checkpoint_restores_the_worker_bit_for_bit_and_its_next_step_is_the_same(tmp_path):
-    config = get_recipe("ptb-small").replace(workers=2, period=3, data_root=str(SHARED), allow_custom_corpus=CUSTOM, threads=1,
+    config = get_recipe("ptb-small").replace(
+        workers=2, period=3, data_root=str(SHARED), allow_custom_corpus=CUSTOM, threads=1,
         model_options={**get_recipe("ptb-small").workload.model_options, "dropout": 0.3},  # the worker's random stream matters
     ).resolved()
     run = RunFolder(tmp_path / "run")

@@ -69,6 +69,12 @@ def test_set_accepts_flat_names_and_section_keys():
         apply_overrides(TrainConfig(), ["round.lr=1"])
 
 
+def test_set_model_options_whole_and_by_key_together():
+    # Each model_options.KEY applies over the whole dict, in either order (a traceback before).
+    for overrides in (['model_options={"a": 1}', "model_options.b=2"], ["model_options.b=2", 'model_options={"a": 1}']):
+        assert apply_overrides(TrainConfig(), overrides).workload.model_options == {"a": 1, "b": 2}
+
+
 def test_recipes_keep_their_values():
     for name in RECIPES:
         config = get_recipe(name)

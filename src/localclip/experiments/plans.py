@@ -360,7 +360,7 @@ def converge_lsgd(epochs: float = 2.0) -> Plan:
 
 
 def _dropout(value: float) -> dict:
-    return {**get_recipe("ptb-converge").model_options, "dropout": value}
+    return {**get_recipe("ptb-converge").workload.model_options, "dropout": value}
 
 
 # -- a fair comparison: both sides tuned on the same grid ------------------------------------------
@@ -528,7 +528,8 @@ def awd_regime(epochs: float = 1.0) -> Plan:
     are logged every 10 steps over the first ``AWD_REGIME_STEPS`` steps (``epochs`` only bounds
     the run). One run; on one core about an hour and a half.
     """
-    cfg = get_recipe("ptb-awd").replace(algorithm="naive", epochs=epochs, max_steps=AWD_REGIME_STEPS, log_interval=10,
+    cfg = get_recipe("ptb-awd").replace(
+        algorithm="naive", epochs=epochs, max_steps=AWD_REGIME_STEPS, log_interval=10,
         eval_interval=0, threads=1, checkpoint_interval=50, asgd_patience=0,
     )
     return [("naive", cfg)]

@@ -121,7 +121,8 @@ def ptb_converge() -> TrainConfig:
     """
     base = ptb_small()
     decay_epochs, decay = converge_schedule(12.0, 1 / 3)
-    return base.replace(model_options={**base.workload.model_options, "dropout": 0.0}, workers=8, period=32, epochs=12.0,
+    return base.replace(
+        model_options={**base.workload.model_options, "dropout": 0.0}, workers=8, period=32, epochs=12.0,
         lr_decay_epochs=decay_epochs, lr_decay=decay, threads=1, checkpoint_interval=500,
     )
 
@@ -160,7 +161,8 @@ def ptb_awd() -> TrainConfig:
 def wt2_awd() -> TrainConfig:
     """WikiText-2, AWD-LSTM, N=8, b=10, η=30, γ=7.5, I=2, 300 epochs: the paper's setting (GPUs)."""
     cfg = ptb_awd()
-    return cfg.replace(dataset="wikitext2", batch_size=10, epochs=300.0, seed=1882,
+    return cfg.replace(
+        dataset="wikitext2", batch_size=10, epochs=300.0, seed=1882,
         model_options={**cfg.workload.model_options, "dropout_h": 0.2},
     )
 
@@ -203,7 +205,8 @@ def fmnist_resnet() -> TrainConfig:
 @recipe("cifar10-resnet32")
 def cifar10_resnet32() -> TrainConfig:
     """CIFAR-10, ResNet-32, N=8, b=16, η=0.1, γ=1, wd 5e-4, decay ×0.1 at 80/120 of 160 epochs (needs torchvision)."""
-    return fmnist_resnet().replace(dataset="cifar10", model="resnet32", epochs=160.0, lr_decay_epochs=[80, 120],
+    return fmnist_resnet().replace(
+        dataset="cifar10", model="resnet32", epochs=160.0, lr_decay_epochs=[80, 120],
     )
 
 
