@@ -1,10 +1,11 @@
 """Experiment recipes: plain functions returning a :class:`~localclip.train.config.TrainConfig`.
 
 Each recipe is documented by its docstring (its first line is what ``localclip recipes``
-prints); recipes derive from each other with :meth:`TrainConfig.replace`. A recipe's step size is
-for its own inner optimizer; a recipe may also carry settings for another one
-(``@recipe(name, adamw={...})``), which :func:`for_inner_optimizer` applies when the user
-switches to it. The paper's settings are in docs/algorithm.md.
+prints); recipes derive from each other with :meth:`~localclip.train.config.TrainConfig.replace`
+(fields by their flat names: ``period=32``). A recipe's step size is for its own inner optimizer;
+a recipe may also carry settings for another one (``@recipe(name, adamw={...})``), which
+:func:`for_inner_optimizer` applies when the user switches to it. The paper's settings are in
+docs/algorithm.md.
 """
 
 from __future__ import annotations
