@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its latest checkpoint; when --out holds no run yet, a fresh run starts there "
                             "and says so (default: off; a folder that holds a run is then refused)")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field, repeatable (default: none)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field, by its name (period=32) or as SECTION.FIELD (round.period=32), repeatable (default: none)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on stderr)")
     train.add_argument("--logger", dest="loggers", action="append", choices=["tensorboard", "wandb"],
                        help="also log to wandb (offline, into RUN/wandb; pip install 'localclip[wandb]') or tensorboard (RUN/tensorboard; "
