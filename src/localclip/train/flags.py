@@ -78,15 +78,16 @@ def config_from_args(args) -> TrainConfig:
     # What the user set, as against the recipe's own values, by flat name.
     explicit = set(changes) | {override_name(item.partition("=")[0].strip()) or item.partition("=")[0].strip() for item in args.overrides}
     try:
-        config.resolved()  # each value checked on its own first
+        resolved = config.resolved()  # each value checked on its own first
     except ConfigError as exc:
         # A value the algorithm would replace is a conflict too: named in the same line.
         problem = algorithms.overridden(config, explicit) if config.algorithm.name in algorithms.ALGORITHMS else None
         if problem:
             raise ConfigError(f"{exc}; {problem}") from None
         raise
-    config = for_inner_optimizer(args.recipe, config, explicit)
-    resolved = config.resolved()
+    adjusted = for_inner_optimizer(args.recipe, config, explicit)
+    if adjusted is not config:  # the recipe's settings for another inner optimizer, checked with the rest
+        config, resolved = adjusted, adjusted.resolved()
     # A value the user gave that the algorithm would replace is refused, not silently dropped.
     problem = algorithms.overridden(config, explicit)
     if problem:
