@@ -6,9 +6,9 @@ one; the CLI maps its flags onto sections (:mod:`localclip.train.flags`) and app
 KEY=VALUE`` overrides; the resolved config is written to the run's ``config.json`` in sections.
 
 Users name a field by its flat name (``period``, ``compression``: :data:`FLAT_NAMES`) or as
-``section.field`` (``round.period``). ``config.json`` files written before the sections existed
-hold the flat names at the top level; :func:`sections_from_flat` is the one converter that reads
-them, and :func:`config_from_dict` loads either form.
+``section.field`` (``round.period``). The runs committed under ``results/`` hold flat
+``config.json`` files (every field at the top level, by its flat name); :func:`sections_from_flat`
+is the one converter that reads them, and :func:`config_from_dict` loads either form.
 """
 
 from __future__ import annotations

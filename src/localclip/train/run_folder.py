@@ -190,8 +190,8 @@ class RunFolder:
             saved = jsonio.loads(self.config_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise RunFolderError(f"Unreadable run config {self.config_path}: {exc}") from exc
-        # Compared under the flat names, so that a run whose config.json is flat (written before
-        # the config had sections) compares with the sectioned config of today field by field.
+        # Compared under the flat names, so that a run whose config.json is flat (as the runs
+        # committed under results/ are) compares with a config in sections field by field.
         from localclip.train.config import flat_view
 
         saved, new = flat_view(saved), flat_view(jsonio.loads(config_json))
