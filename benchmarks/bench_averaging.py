@@ -228,15 +228,15 @@ def step_worker(recipe: str, blocks: int, warmup: int, threads: int):
     runs = {}
     for name, options in STEP_VARIANTS.items():
         options = dict(options)
-        period = options.pop("period", cfg.period) or 1 << 40
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, ntoken=ntoken, **cfg.model_options)
-        alg = CELGC(model, lr=cfg.lr, gamma=cfg.gamma, period=period, group=comm, **options)
-        runs[name] = {"model": model, "alg": alg, "hidden": model.init_hidden(cfg.batch_size), "peak": 0}
+        period = options.pop("period", cfg.round.period) or 1 << 40
+        torch.manual_seed(cfg.run.seed)
+        model = build_model(cfg.workload.model, ntoken=ntoken, **cfg.workload.model_options)
+        alg = CELGC(model, lr=cfg.local.lr, gamma=cfg.local.gamma, period=period, group=comm, **options)
+        runs[name] = {"model": model, "alg": alg, "hidden": model.init_hidden(cfg.workload.batch_size), "peak": 0}
 
     def step(run):
-        x = torch.randint(0, ntoken, (cfg.bptt, cfg.batch_size), generator=gen)
-        y = torch.randint(0, ntoken, (cfg.bptt, cfg.batch_size), generator=gen)
+        x = torch.randint(0, ntoken, (cfg.workload.bptt, cfg.workload.batch_size), generator=gen)
+        y = torch.randint(0, ntoken, (cfg.workload.bptt, cfg.workload.batch_size), generator=gen)
         run["hidden"] = detach_hidden(run["hidden"])
         out = run["model"](x, run["hidden"])
         run["hidden"] = out.hidden
@@ -249,7 +249,7 @@ def step_worker(recipe: str, blocks: int, warmup: int, threads: int):
     for run in runs.values():  # the shift: a block then ends right after the last round landed
         for _ in range(run["alg"].averager.overlap):
             step(run)
-    block = 2 * cfg.period
+    block = 2 * cfg.round.period
     names = list(runs)
     times = {k: [] for k in names}
     for r in range(warmup + blocks):
@@ -264,7 +264,7 @@ def step_worker(recipe: str, blocks: int, warmup: int, threads: int):
         run["alg"].average()  # nothing left in flight before the group goes
     full = runs["(s1) blocking rounds"]["alg"].averager
     result = {
-        "recipe": recipe, "period": cfg.period, "threads": torch.get_num_threads(), "numel": full.numel,
+        "recipe": recipe, "period": cfg.round.period, "threads": torch.get_num_threads(), "numel": full.numel,
         "steps": _slowest(times), "peak": {k: run["peak"] for k, run in runs.items()},
         "fragment_bytes": runs["(s2) fragments=4, blocking"]["alg"].averager.fragment_bytes,
     }

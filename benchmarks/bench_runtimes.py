@@ -24,7 +24,6 @@ checkpoint and the final evaluation cancelled out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import resource
 import statistics
@@ -63,9 +62,9 @@ def main() -> None:
     if args.long is not None and args.long <= args.steps:
         parser.error(f"--long {args.long} must be more than --steps {args.steps}")
 
-    base = dataclasses.replace(
-        get_recipe("ptb-small"), data_root=args.data_root, period=8, eval_tokens=2000,
-        model_options={**get_recipe("ptb-small").model_options, "dropout": 0.2},
+    base = get_recipe("ptb-small").replace(
+        data_root=args.data_root, period=8, eval_tokens=2000,
+        model_options={**get_recipe("ptb-small").workload.model_options, "dropout": 0.2},
         log_interval=8, checkpoint_interval=10**6, max_steps=args.steps,
     )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ptb-small, I=8, dropout 0.2, "
@@ -76,8 +75,8 @@ def main() -> None:
           + (f"   {'sim ms/step':>11} {'spawn ms/step':>13} {'ratio':>6}" if long else "") + "   same model")
     results = {}
     for n in args.workers:
-        cfg = dataclasses.replace(base, workers=n).resolved()
-        long_cfg = dataclasses.replace(cfg, max_steps=long) if long else None
+        cfg = base.replace(workers=n).resolved()
+        long_cfg = cfg.replace(max_steps=long) if long else None
         runs, per_step = {"simulate": [], "spawn": []}, {"simulate": [], "spawn": []}
         hashes, long_hashes = set(), set()
         for _ in range(args.repeats):

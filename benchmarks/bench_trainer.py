@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -38,10 +37,10 @@ def trainer_overhead(config, blocks: int, block_steps: int) -> tuple[list[float]
         workload.start_epoch(0)
         batches = [b for b, _ in zip(workload.batches(), range(block_steps))]
         # The bare loop: its own model of the same architecture, plain ClippedSGD.
-        model = type(trainer.model)(workload.ntokens, **config.model_options)
-        opt = ClippedSGD(model.parameters(), lr=config.lr, gamma=config.gamma)
+        model = type(trainer.model)(workload.ntokens, **config.workload.model_options)
+        opt = ClippedSGD(model.parameters(), lr=config.local.lr, gamma=config.local.gamma)
         opt.measure_step_length = False  # as the trainer's steps here (none is sampled)
-        hidden = model.init_hidden(config.batch_size)
+        hidden = model.init_hidden(config.workload.batch_size)
         bare_times, trainer_times, bare_wall, trainer_wall = [], [], [], []
         for _ in range(blocks):
             w0 = time.perf_counter()
@@ -77,10 +76,10 @@ def main() -> None:
     if args.quick:
         args.blocks, args.block_steps = 3, 10
 
-    base = dataclasses.replace(get_recipe("ptb-small"), data_root=args.data_root, eval_tokens=2000, log_interval=10**6, checkpoint_interval=10**6)
+    base = get_recipe("ptb-small").replace(data_root=args.data_root, eval_tokens=2000, log_interval=10**6, checkpoint_interval=10**6)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
-    single = dataclasses.replace(base, workers=1, algorithm="celgc", period=8).resolved()
+    single = base.replace(workers=1, algorithm="celgc", period=8).resolved()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     bare, trained, bare_wall, trained_wall = trainer_overhead(single, args.blocks, args.block_steps)

@@ -25,7 +25,6 @@ with the CPU model, threads, load average, torch version and commit, is written 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import resource
@@ -49,9 +48,9 @@ def child(args) -> None:
     from localclip.recipes import get_recipe
     from localclip.train import run_training
 
-    cfg = dataclasses.replace(
+    cfg = get_recipe("ptb-small").replace(
         # Epochs enough for the steps (an epoch of 1000 workers is 9 steps): max_steps ends the run.
-        get_recipe("ptb-small"), **json.loads(args.child), max_steps=args.steps, epochs=float(args.steps), eval_tokens=args.eval_tokens,
+        **json.loads(args.child), max_steps=args.steps, epochs=float(args.steps), eval_tokens=args.eval_tokens,
         data_root=args.data_root, loggers=[], seed=args.seed,
     )
     threads = []

@@ -1,14 +1,13 @@
 """The ``localclip`` command: ``train``, ``recipes``, ``data download|import``, ``plot``, ``sweep``,
 ``report``, ``theory`` and ``smoothness``.
 
-Flags map onto :class:`~localclip.train.config.TrainConfig` fields; every user error is one line
+``train``'s flags map onto the config's sections in one table (:mod:`localclip.train.flags`); every user error is one line
 on stderr naming the problem, and exit status 2 (the other statuses: :data:`EXIT_STATUSES`).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import math
 import os
@@ -111,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its latest checkpoint; when --out holds no run yet, a fresh run starts there "
                             "and says so (default: off; a folder that holds a run is then refused)")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field, repeatable (default: none)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override any config field, by its name (period=32) or as SECTION.FIELD (round.period=32), repeatable (default: none)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on stderr)")
     train.add_argument("--logger", dest="loggers", action="append", choices=["tensorboard", "wandb"],
                        help="also log to wandb (offline, into RUN/wandb; pip install 'localclip[wandb]') or tensorboard (RUN/tensorboard; "
@@ -189,56 +188,20 @@ def train_config(argv: list[str]):
 
 
 def _train_config(args):
-    from localclip import devices
-    from localclip.algorithms import build as algorithms
-    from localclip.errors import ConfigError
-    from localclip.recipes import for_inner_optimizer, get_recipe
-    from localclip.train import apply_overrides
+    from localclip.train.flags import config_from_args
 
-    config = get_recipe(args.recipe)
-    flags = {
-        "workers": args.workers, "algorithm": args.algorithm, "period": args.period, "epochs": args.epochs,
-        "max_steps": args.max_steps, "lr": args.lr, "gamma": args.gamma, "seed": args.seed, "data_root": args.data_root,
-        "outer_optimizer": args.outer_optimizer, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
-        "compression": args.compression, "error_feedback": False if args.no_error_feedback else None,
-        "fragments": args.fragments, "overlap": args.overlap, "fail": args.fail,
-        "inner_optimizer": args.inner_optimizer, "clip_mode": args.clip_mode, "device": args.device,
-    }
-    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
-    if args.loggers:
-        config = dataclasses.replace(config, loggers=list(dict.fromkeys([*config.loggers, *args.loggers])))
-    if args.allow_custom_corpus:
-        config = dataclasses.replace(config, allow_custom_corpus=True)
-    config = apply_overrides(config, args.overrides)
-    # What the user set, as against the recipe's own values.
-    explicit = {k for k, v in flags.items() if v is not None} | {item.partition("=")[0].strip() for item in args.overrides}
-    try:
-        config.resolved()  # each value checked on its own first
-    except ConfigError as exc:
-        # A value the algorithm would replace is a conflict too: named in the same line.
-        problem = algorithms.overridden(config, explicit) if config.algorithm in algorithms.ALGORITHMS else None
-        if problem:
-            raise ConfigError(f"{exc}; {problem}") from None
-        raise
-    config = for_inner_optimizer(args.recipe, config, explicit)
-    resolved = config.resolved()
-    # A value the user gave that the algorithm would replace is refused, not silently dropped.
-    problem = algorithms.overridden(config, explicit)
-    if problem:
-        raise ConfigError(problem)
-    devices.check_available(resolved.device)
-    return resolved
+    return config_from_args(args)
 
 
 def _train(args) -> int:
     from localclip.train import run_training
 
     resolved = _train_config(args)
-    if resolved.fail and args.runtime != "simulate":
+    if resolved.algorithm.fail and args.runtime != "simulate":
         from localclip.errors import ConfigError
 
-        raise ConfigError(f"Invalid --fail {','.join(resolved.fail)} with --runtime {args.runtime}: failure plans run in the simulator (--runtime simulate)")
-    out = args.out or f"runs/{args.recipe}-{resolved.algorithm}-n{resolved.workers}-i{resolved.period}-s{resolved.seed}"
+        raise ConfigError(f"Invalid --fail {','.join(resolved.algorithm.fail)} with --runtime {args.runtime}: failure plans run in the simulator (--runtime simulate)")
+    out = args.out or f"runs/{args.recipe}-{resolved.algorithm.name}-n{resolved.algorithm.workers}-i{resolved.round.period}-s{resolved.run.seed}"
     rank0 = os.environ.get("RANK", "0") == "0"
     if args.resume and not (Path(out) / "config.json").exists() and rank0:
         print(f"localclip: --resume: {out} holds no run yet; starting a fresh run there", file=sys.stderr)
@@ -247,7 +210,7 @@ def _train(args) -> int:
               "(pip install 'localclip[tensorboard]'); metrics.jsonl holds every record", file=sys.stderr)
     # A missing corpus is fetched once the run folder has been found free and a resume's config the
     # run's: a refused folder costs no download (under torchrun each worker reads what is on disk).
-    fetch = _ensure_corpus if resolved.task == "lm" and args.runtime != "torchrun" else None
+    fetch = _ensure_corpus if resolved.workload.task == "lm" and args.runtime != "torchrun" else None
     summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress, fetch_corpus=fetch)
     if summary is None:
         return 0
@@ -288,31 +251,30 @@ def _ensure_corpus(config) -> None:
     from localclip import data
     from localclip.errors import DataError
 
-    if config.dataset not in data.CORPORA:
+    if config.workload.dataset not in data.CORPORA:
         return
-    folder = data.corpus_path(config.dataset, config.data_root)
+    folder = data.corpus_path(config.workload.dataset, config.workload.data_root)
     if all((folder / f).is_file() for f in ("train.txt", "valid.txt", "test.txt")):
         return
-    root = data.resolve_data_root(config.data_root)
-    if config.data_root and not root.is_dir():
+    root = data.resolve_data_root(config.workload.data_root)
+    if config.workload.data_root and not root.is_dir():
         # A typo must not become a new folder with a download in it: downloading is asked for.
         raise DataError(
             f"--data-root {root} does not exist. Point it at the folder that holds {folder.name}/, or download "
-            f"{config.dataset} there with `localclip data download {config.dataset} --data-root {root}`."
+            f"{config.workload.dataset} there with `localclip data download {config.workload.dataset} --data-root {root}`."
         )
-    print(f"localclip: {config.dataset} is not in {folder}; downloading it there (SHA-256 verified)...", file=sys.stderr)
+    print(f"localclip: {config.workload.dataset} is not in {folder}; downloading it there (SHA-256 verified)...", file=sys.stderr)
     try:
-        data.download_corpus(config.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
+        data.download_corpus(config.workload.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
     except DataError as exc:
         raise DataError(
-            f"{config.dataset} is missing from {folder} and could not be downloaded ({exc}) "
+            f"{config.workload.dataset} is missing from {folder} and could not be downloaded ({exc}) "
             f"Or point --data-root / LOCALCLIP_DATA at a folder that holds {folder.name}/."
         ) from None
 
 
 def _recipes(args) -> int:
     from localclip.recipes import RECIPES, describe, get_recipe
-    from localclip.train import TrainConfig
 
     names = args.names or sorted(RECIPES)
     configs = {name: get_recipe(name) for name in names}  # an unknown name is one line, exit 2
@@ -321,15 +283,21 @@ def _recipes(args) -> int:
             if not args.names or line.split()[0] in names:
                 print(line)
         return 0
-    print("config fields (--set KEY=VALUE), each recipe's own value:")
-    for f in dataclasses.fields(TrainConfig):
+    from localclip.train.config import FLAT_NAMES
+
+    print("config fields (--set KEY=VALUE, or --set SECTION.KEY=VALUE), each recipe's own value:")
+    section = None
+    for key, (where, _) in FLAT_NAMES.items():
+        if where != section:
+            section = where
+            print(f"  [{section}]")
         by_value: dict[str, list[str]] = {}
         for name, config in configs.items():
-            by_value.setdefault(repr(getattr(config, f.name)), []).append(name)
+            by_value.setdefault(repr(config.value(key)), []).append(name)
         if len(by_value) == 1:
-            print(f"  {f.name} = {next(iter(by_value))}")
+            print(f"  {key} = {next(iter(by_value))}")
         else:
-            print(f"  {f.name}: " + "; ".join(f"{value} ({', '.join(who)})" for value, who in by_value.items()))
+            print(f"  {key}: " + "; ".join(f"{value} ({', '.join(who)})" for value, who in by_value.items()))
     return 0
 
 
@@ -365,9 +333,9 @@ def _sweep(args) -> int:
     runs = sweeps.plan(args.name, args.epochs, args.only)  # unknown names fail before anything is written
     corpora = {}
     for _, config in runs:
-        resolved = dataclasses.replace(config, data_root=args.data_root or config.data_root).resolved()
-        if resolved.task == "lm":
-            corpora.setdefault((resolved.dataset, resolved.data_root), resolved)
+        resolved = config.replace(data_root=args.data_root or config.workload.data_root).resolved()
+        if resolved.workload.task == "lm":
+            corpora.setdefault((resolved.workload.dataset, resolved.workload.data_root), resolved)
     for resolved in corpora.values():
         _ensure_corpus(resolved)
     sweeps.run_sweep(

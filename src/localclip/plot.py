@@ -16,6 +16,7 @@ from pathlib import Path
 from localclip import jsonio
 from localclip.algorithms import ALGORITHMS
 from localclip.errors import DataError, LocalclipError
+from localclip.train.config import flat_view
 
 __all__ = ["save_figure", "load_run", "modelled_seconds", "plot_runs"]
 
@@ -44,7 +45,7 @@ def load_run(folder: str | Path) -> dict:
     if not config_path.is_file() or not metrics_path.is_file():
         raise PlotError(f"{folder} is not a localclip run folder (no config.json and metrics.jsonl)")
     try:
-        config = jsonio.loads(config_path.read_text())
+        config = flat_view(jsonio.loads(config_path.read_text()))  # flat or in sections
         records = []
         for line in metrics_path.read_text().splitlines():
             try:

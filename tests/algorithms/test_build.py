@@ -83,30 +83,30 @@ STREAM_ACCEPTED, STREAM_REFUSED = classify_streaming()
 
 def by_hand(config, model):
     """The composition ``config`` names, written with the library's classes directly."""
-    cls = {"celgc": CELGC, "local-sgd": CELGC, "single": CELGC, "naive": NaiveParallelClipping, "episode": EPISODE}[config.algorithm]
-    averages = config.algorithm in ("celgc", "local-sgd", "episode")
+    cls = {"celgc": CELGC, "local-sgd": CELGC, "single": CELGC, "naive": NaiveParallelClipping, "episode": EPISODE}[config.algorithm.name]
+    averages = config.algorithm.name in ("celgc", "local-sgd", "episode")
     options = dict(skip_nonfinite=True)
     if averages:
         outer = None
-        if config.outer_optimizer != "none":
-            outer = OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
-        options.update(outer_optimizer=outer, compression=config.compression, participants=config.participants,
-                       participation_seed=config.seed)
-        if config.compression in ("int8", "int4"):
-            options.update(error_feedback=config.error_feedback)
-        if config.fragments != 1 or config.overlap:
-            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha,
-                           overlap_merge=config.overlap_merge)
-    gamma = math.inf if config.algorithm == "local-sgd" else config.gamma
-    if config.inner_optimizer == "clipped_sgd":
+        if config.round.outer_optimizer != "none":
+            outer = OuterSGD(config.round.outer_lr, config.round.outer_momentum, nesterov=config.round.outer_optimizer == "nesterov")
+        options.update(outer_optimizer=outer, compression=config.round.compression, participants=config.round.participants,
+                       participation_seed=config.run.seed)
+        if config.round.compression in ("int8", "int4"):
+            options.update(error_feedback=config.round.error_feedback)
+        if config.round.fragments != 1 or config.round.overlap:
+            options.update(fragments=config.round.fragments, overlap=config.round.overlap, overlap_alpha=config.round.overlap_alpha,
+                           overlap_merge=config.round.overlap_merge)
+    gamma = math.inf if config.algorithm.name == "local-sgd" else config.local.gamma
+    if config.local.inner_optimizer == "clipped_sgd":
         if cls is NaiveParallelClipping:
-            return cls(model, config.lr, gamma, **options)
-        period = config.period if averages else 1
-        return cls(model, config.lr, gamma, period, clip_mode=config.clip_mode, **options)
-    limit = math.inf if config.algorithm == "local-sgd" else config.max_grad_norm
-    inner = ClippedAdamW(adamw_param_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas),
-                         weight_decay=config.weight_decay, max_grad_norm=limit)
-    return cls.from_optimizer(model, inner, config.period if averages else 1, **options)
+            return cls(model, config.local.lr, gamma, **options)
+        period = config.round.period if averages else 1
+        return cls(model, config.local.lr, gamma, period, clip_mode=config.local.clip_mode, **options)
+    limit = math.inf if config.algorithm.name == "local-sgd" else config.local.max_grad_norm
+    inner = ClippedAdamW(adamw_param_groups(model, config.local.weight_decay), lr=config.local.lr, betas=tuple(config.local.betas),
+                         weight_decay=config.local.weight_decay, max_grad_norm=limit)
+    return cls.from_optimizer(model, inner, config.round.period if averages else 1, **options)
 
 
 def _train(model, alg):
@@ -143,7 +143,7 @@ def test_the_matrix_is_enumerated_whole():
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_every_accepted_combination_runs_what_the_library_composition_runs(workers):
-    configs = [(combo, cfg) for combo, cfg in ACCEPTED if cfg.workers == workers]
+    configs = [(combo, cfg) for combo, cfg in ACCEPTED if cfg.algorithm.workers == workers]
     assert configs
     results = SimulatedWorld(workers).run(_both, [cfg for _, cfg in configs])
     for rank_results in results:
@@ -185,7 +185,7 @@ def test_the_streaming_matrix_runs_what_the_library_composition_runs_or_is_refus
     results = SimulatedWorld(2).run(_both, [cfg for _, cfg in STREAM_ACCEPTED])
     for rank_results in results:
         for (combo, cfg), (built, hand) in zip(STREAM_ACCEPTED, rank_results):
-            assert (cfg.fragments, cfg.overlap) == combo[3:]
+            assert (cfg.round.fragments, cfg.round.overlap) == combo[3:]
             assert _same_bits(built[0], hand[0]), combo
             assert built[1:] == hand[1:] and built[1] > 0, combo
     for (combo, _), (a, b) in zip(STREAM_ACCEPTED, zip(*results)):
@@ -213,7 +213,7 @@ def test_the_carry_merge_in_the_streaming_matrix_runs_what_the_library_compositi
         except ConfigError as exc:
             refused.append((combo, str(exc)))
     assert sorted(c for c, _ in accepted) == sorted(c for c, _ in STREAM_ACCEPTED if c[4] == 1)
-    assert all(cfg.overlap_merge == "carry" for _, cfg in accepted)
+    assert all(cfg.round.overlap_merge == "carry" for _, cfg in accepted)
     for combo, message in refused:
         assert message.startswith("Invalid ") and "\n" not in message, (combo, message)
         assert len([f for f in (*STREAM_FIELDS, "overlap_merge") if f in message]) >= 2, (combo, message)
@@ -252,8 +252,8 @@ def test_streaming_runs_validate_at_any_step_and_the_others_at_multiples_of_the_
     at every step; the others score the averaged model, which exists at the end of a period."""
     for flags in (["--overlap", "1"], ["--fragments", "2"], ["--fragments", "4", "--overlap", "3"]):
         config = train_config(["ptb-small", "--period", "8", *flags, "--set", "eval_interval=5"])
-        assert config.eval_interval == 5 and (config.fragments, config.overlap) != (1, 0)
-    assert train_config(["ptb-small", "--period", "8", "--set", "eval_interval=16"]).eval_interval == 16
+        assert config.evaluation.eval_interval == 5 and (config.round.fragments, config.round.overlap) != (1, 0)
+    assert train_config(["ptb-small", "--period", "8", "--set", "eval_interval=16"]).evaluation.eval_interval == 16
     out = tmp_path / "run"
     code = main(["train", "ptb-small", "--period", "8", "--set", "eval_interval=5", "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
@@ -270,9 +270,9 @@ def test_more_fragments_than_the_model_has_tensors_are_accepted():
 
     config = train_config(["ptb-small", "--fragments", "11", "--period", "16"])
     check_model(config)
-    model = build_model("lstm", ntoken=10000, **config.model_options)
+    model = build_model("lstm", ntoken=10000, **config.workload.model_options)
     n_tensors = sum(1 for p in model.parameters() if p.requires_grad)
-    avg = PeriodicAverager(model, config.period, group=localclip.comm.SingleProcess(), fragments=config.fragments)
+    avg = PeriodicAverager(model, config.round.period, group=localclip.comm.SingleProcess(), fragments=config.round.fragments)
     assert (n_tensors, len(avg.fragment_elements)) == (10, 11)
     assert max(avg.fragment_bytes) <= 1.05 * avg.numel * 4 / 11
 
@@ -305,7 +305,7 @@ def test_low_bit_rounds_without_error_feedback_run_what_the_library_composition_
         ["--compression", "int4", "--no-error-feedback", "--inner-optimizer", "adamw", "--lr", "0.01", "--outer-optimizer", "nesterov"],
     ]
     configs = [train_config(["ptb-small", "--workers", "2", "--period", "2", *argv]) for argv in argvs]
-    assert all(cfg.error_feedback is False for cfg in configs)
+    assert all(cfg.round.error_feedback is False for cfg in configs)
     for rank_results in SimulatedWorld(2).run(_both, configs):
         for argv, (built, hand) in zip(argvs, rank_results):
             assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:], argv
@@ -317,7 +317,7 @@ def test_low_bit_rounds_in_flight_run_what_the_library_composition_runs():
         ["--compression", "int8", "--overlap", "1", "--fragments", "2", "--no-error-feedback", "--outer-optimizer", "nesterov"],
     ]
     configs = [train_config(["ptb-small", "--workers", "2", "--period", "2", *argv]) for argv in argvs]
-    assert [(cfg.compression, cfg.overlap) for cfg in configs] == [("int4", 1), ("int8", 1)]
+    assert [(cfg.round.compression, cfg.round.overlap) for cfg in configs] == [("int4", 1), ("int8", 1)]
     for rank_results in SimulatedWorld(2).run(_both, configs):
         for argv, (built, hand) in zip(argvs, rank_results):
             assert _same_bits(built[0], hand[0]) and built[1:] == hand[1:], argv
@@ -334,23 +334,23 @@ def test_error_feedback_off_without_low_bit_rounds_is_refused_naming_both(tmp_pa
 
 def test_a_recipes_own_values_are_not_the_users():
     """ptb-small's period 8, workers 4 and gamma 5 are the recipe's: the algorithm replaces them."""
-    assert train_config(["ptb-small", "--algorithm", "naive"]).period == 1
+    assert train_config(["ptb-small", "--algorithm", "naive"]).round.period == 1
     single = train_config(["ptb-small", "--algorithm", "single"])
-    assert (single.workers, single.period) == (1, 1)
-    assert train_config(["ptb-small", "--algorithm", "local-sgd"]).gamma == math.inf
+    assert (single.algorithm.workers, single.round.period) == (1, 1)
+    assert train_config(["ptb-small", "--algorithm", "local-sgd"]).local.gamma == math.inf
     # an explicit value equal to what the algorithm fixes is no conflict
-    assert train_config(["ptb-small", "--algorithm", "naive", "--period", "1"]).period == 1
+    assert train_config(["ptb-small", "--algorithm", "naive", "--period", "1"]).round.period == 1
 
 
 def test_schedule_questions_are_answered_by_the_algorithm():
-    assert communication_period(TrainConfig(algorithm="naive").resolved()) == 1
-    assert communication_period(TrainConfig(algorithm="celgc", period=8).resolved()) == 8
-    assert communication_period(TrainConfig(algorithm="single").resolved()) is None
+    assert communication_period(TrainConfig().replace(algorithm="naive").resolved()) == 1
+    assert communication_period(TrainConfig().replace(algorithm="celgc", period=8).resolved()) == 8
+    assert communication_period(TrainConfig().replace(algorithm="single").resolved()) is None
 
     def worker():
         out = {}
         for name in ("celgc", "naive", "episode"):
-            alg = build_algorithm(TrainConfig(algorithm=name, workers=2, period=4).resolved(), tiny_model(), current())
+            alg = build_algorithm(TrainConfig().replace(algorithm=name, workers=2, period=4).resolved(), tiny_model(), current())
             out[name] = (alg.period, [alg.communicates(s) for s in range(1, 9)])
         return out
 
@@ -422,7 +422,7 @@ def test_the_summary_records_what_ran(tmp_path):
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     config = json.loads((out / "config.json").read_text())
-    assert summary["period"] == config["period"] == 1 and summary["comm/rounds"] == summary["steps"] == 4
+    assert summary["period"] == config["round"]["period"] == 1 and summary["comm/rounds"] == summary["steps"] == 4
 
 
 def test_an_average_right_after_a_round_is_no_round():
@@ -441,9 +441,9 @@ def test_an_average_right_after_a_round_is_no_round():
 
 def test_a_recipe_knows_its_settings_for_another_inner_optimizer():
     cfg = train_config(["ptb-gpt-small", "--inner-optimizer", "adamw"])
-    assert (cfg.inner_optimizer, cfg.lr, cfg.betas, cfg.max_grad_norm) == ("adamw", 2e-3, [0.9, 0.95], 1.0)
-    assert train_config(["ptb-gpt-small", "--inner-optimizer", "adamw", "--lr", "1e-3"]).lr == 1e-3  # the user's wins
-    assert train_config(["ptb-small", "--inner-optimizer", "adamw", "--lr", "1e-3"]).lr == 1e-3
+    assert (cfg.local.inner_optimizer, cfg.local.lr, cfg.local.betas, cfg.local.max_grad_norm) == ("adamw", 2e-3, [0.9, 0.95], 1.0)
+    assert train_config(["ptb-gpt-small", "--inner-optimizer", "adamw", "--lr", "1e-3"]).local.lr == 1e-3  # the user's wins
+    assert train_config(["ptb-small", "--inner-optimizer", "adamw", "--lr", "1e-3"]).local.lr == 1e-3
 
 
 @pytest.mark.slow

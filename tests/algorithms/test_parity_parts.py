@@ -29,15 +29,15 @@ def _built_and_by_hand(config):
     model = tiny_model(seed=current().rank)
     built = _train(model, build_algorithm(config, model, current()))
     model = tiny_model(seed=current().rank)
-    hand = _train(model, CELGC(model, config.lr, config.gamma, config.period, warmup_steps=config.warmup_steps,
-                               participation_seed=config.seed, skip_nonfinite=True))
+    hand = _train(model, CELGC(model, config.local.lr, config.local.gamma, config.round.period, warmup_steps=config.round.warmup_steps,
+                               participation_seed=config.run.seed, skip_nonfinite=True))
     return built, hand
 
 
 def test_post_local_sgd_is_the_averagers_warmup_and_counts_its_rounds():
     config = train_config(["ptb-small", "--workers", "2", "--period", "4", "--lr", "0.05", "--gamma", "0.02",
                            "--set", "warmup_steps=4", "--set", "eval_interval=0"])
-    assert config.warmup_steps == 4
+    assert config.round.warmup_steps == 4
     for built, hand in SimulatedWorld(2).run(_built_and_by_hand, config):
         assert all(torch.equal(a, b) for a, b in zip(built[0], hand[0]))
         # steps 1-4 each end a round, then steps 8 (= 4 + 4): 5 rounds in 9 steps
@@ -83,8 +83,8 @@ def test_a_run_with_a_decaying_outer_lr_hands_its_outer_optimizer_to_the_decay()
     from localclip.train import Trainer
     from helpers import CUSTOM, SHARED
 
-    config = dataclasses.replace(
-        get_recipe("ptb-small"), workers=2, period=2, outer_optimizer="nesterov", outer_lr_decay=True,
+    config = get_recipe("ptb-small").replace(
+        workers=2, period=2, outer_optimizer="nesterov", outer_lr_decay=True,
         lr_decay_epochs=[1, 2], lr_decay=0.5, data_root=str(SHARED), allow_custom_corpus=CUSTOM, threads=1,
         eval_tokens=200, max_steps=2).resolved()
 

@@ -65,7 +65,7 @@ def test_fragments_are_within_one_pth_and_five_percent_of_a_full_round_for_ptb_s
     from localclip.models import build_model
     from localclip.recipes import get_recipe
 
-    options = get_recipe("ptb-small").model_options
+    options = get_recipe("ptb-small").workload.model_options
 
     def worker(fragments):
         with localclip.rng.seeded(current().rank):  # one thread at a time: simulated workers run concurrently

@@ -55,8 +55,8 @@ def test_a_diverged_run_says_so_with_its_own_exit_status_and_writes_standard_jso
     records = [strict_json(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["final"] and records[-1]["val/ppl"] in ("inf", "nan")
     config = strict_json((out / "config.json").read_text())
-    assert config["gamma"] == "inf"  # local SGD: no clipping
-    assert math.isinf(jsonio.loads((out / "config.json").read_text())["gamma"])
+    assert config["local"]["gamma"] == "inf"  # local SGD: no clipping
+    assert math.isinf(jsonio.loads((out / "config.json").read_text())["local"]["gamma"])
 
 
 def test_under_torchrun_a_diverged_run_exits_0_so_that_the_agent_does_not_restart_it(tmp_path, capsys, monkeypatch):
@@ -219,7 +219,7 @@ def test_recipes_fields_shows_each_recipes_own_values(capsys):
     assert code == 0
     lr = next(line for line in out.splitlines() if line.strip().startswith("lr"))
     for name in RECIPES:
-        assert name in lr and repr(get_recipe(name).lr) in lr, (name, lr)
+        assert name in lr and repr(get_recipe(name).local.lr) in lr, (name, lr)
     code, out, _ = run_cli(capsys, "recipes", "ptb-small", "--fields")
     assert "  lr = 20.0" in out and "  batch_size = 5" in out
 

@@ -25,17 +25,17 @@ def quick_start_train_argv() -> list[str]:
 def test_the_first_command_is_a_few_percent_of_an_epoch_with_a_bounded_evaluation():
     argv = quick_start_train_argv()
     config = train_config(argv)
-    assert config.workers == 4 and config.epochs * PTB_SMALL_EPOCH_STEPS <= 120, config.epochs
-    assert config.eval_tokens is not None and config.eval_tokens <= 20_000
-    assert config.test_batch_size >= config.workers  # every worker takes part in the test evaluation
+    assert config.algorithm.workers == 4 and config.schedule.epochs * PTB_SMALL_EPOCH_STEPS <= 120, config.schedule.epochs
+    assert config.evaluation.eval_tokens is not None and config.evaluation.eval_tokens <= 20_000
+    assert config.evaluation.test_batch_size >= config.algorithm.workers  # every worker takes part in the test evaluation
     readme = README.read_text(encoding="utf-8")
-    assert f"{round(config.epochs * PTB_SMALL_EPOCH_STEPS)} local steps per worker" in readme
+    assert f"{round(config.schedule.epochs * PTB_SMALL_EPOCH_STEPS)} local steps per worker" in readme
 
 
 def test_ptb_small_keeps_the_reference_evaluation():
     """The committed ptb-small numbers mean full splits at test batch 2: the quick recipe is another one."""
     config = train_config(["ptb-small"])
-    assert config.test_batch_size == 2 and config.eval_tokens is None and config.epochs == 1.0
+    assert config.evaluation.test_batch_size == 2 and config.evaluation.eval_tokens is None and config.schedule.epochs == 1.0
 
 
 def test_theory_help_states_the_measured_time(capsys):

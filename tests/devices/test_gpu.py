@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _celgc_on(device, steps=6):
-    config = TrainConfig(algorithm="celgc", workers=2, period=3, lr=0.5, gamma=0.05).resolved()
+    config = TrainConfig().replace(algorithm="celgc", workers=2, period=3, lr=0.5, gamma=0.05).resolved()
 
     def worker():
         model = tiny_model(seed=current().rank).to(device)
@@ -90,7 +90,7 @@ def test_spawned_workers_use_nccl_one_gpu_each(tmp_path):
 
 
 def test_the_outer_step_and_bf16_rounds_run_on_the_gpu():
-    config = TrainConfig(algorithm="celgc", workers=2, period=2, lr=0.5, gamma=0.05, outer_optimizer="nesterov",
+    config = TrainConfig().replace(algorithm="celgc", workers=2, period=2, lr=0.5, gamma=0.05, outer_optimizer="nesterov",
                          compression="bf16").resolved()
 
     def worker():

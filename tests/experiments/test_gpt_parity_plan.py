@@ -13,24 +13,24 @@ RUNS = dict(plans.plan("gpt-parity"))
 def test_every_run_trains_the_same_tokens_with_the_recipes_adamw():
     recipe = get_recipe("ptb-gpt-small")
     adamw = INNER_SETTINGS["ptb-gpt-small"]["adamw"]
-    shared = {(c.workers, c.batch_size, c.bptt, c.epochs, tuple(c.lr_decay_epochs), c.lr_decay, c.eval_interval)
+    shared = {(c.algorithm.workers, c.workload.batch_size, c.workload.bptt, c.schedule.epochs, tuple(c.schedule.lr_decay_epochs), c.schedule.lr_decay, c.evaluation.eval_interval)
               for c in RUNS.values()}
     assert len(shared) == 1
     for name, cfg in RUNS.items():
-        assert cfg.inner_optimizer == "adamw", name
-        assert (cfg.lr, list(cfg.betas), cfg.weight_decay, cfg.max_grad_norm) == (adamw["lr"], adamw["betas"], adamw["weight_decay"], adamw["max_grad_norm"]), name
-        assert math.isinf(cfg.gamma) and cfg.model_options == recipe.model_options, name
-        assert cfg.eval_interval % (cfg.resolved().period or 1) == 0, name
+        assert cfg.local.inner_optimizer == "adamw", name
+        assert (cfg.local.lr, list(cfg.local.betas), cfg.local.weight_decay, cfg.local.max_grad_norm) == (adamw["lr"], adamw["betas"], adamw["weight_decay"], adamw["max_grad_norm"]), name
+        assert math.isinf(cfg.local.gamma) and cfg.workload.model_options == recipe.workload.model_options, name
+        assert cfg.evaluation.eval_interval % (cfg.resolved().round.period or 1) == 0, name
 
 
 def test_diloco_runs_step_outside_with_nesterov_and_naive_rounds_every_step():
     for seed, tag in zip(plans.GPT_PARITY_SEEDS, ("", "-s2021")):
-        assert RUNS[f"naive{tag}"].algorithm == "naive" and RUNS[f"naive{tag}"].seed == seed
+        assert RUNS[f"naive{tag}"].algorithm.name == "naive" and RUNS[f"naive{tag}"].run.seed == seed
         for period in plans.GPT_PARITY_PERIODS:
             cfg = RUNS[f"diloco-I{period}{tag}"]
-            assert (cfg.algorithm, cfg.period, cfg.seed) == ("celgc", period, seed)
-            assert (cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum) == ("nesterov", 0.7, 0.9)
-    assert RUNS["avg-I32"].outer_optimizer == "none" and RUNS["avg-I32"].period == 32
+            assert (cfg.algorithm.name, cfg.round.period, cfg.run.seed) == ("celgc", period, seed)
+            assert (cfg.round.outer_optimizer, cfg.round.outer_lr, cfg.round.outer_momentum) == ("nesterov", 0.7, 0.9)
+    assert RUNS["avg-I32"].round.outer_optimizer == "none" and RUNS["avg-I32"].round.period == 32
 
 
 def test_the_runs_description_names_the_inner_optimizer_and_its_clip():

@@ -93,5 +93,5 @@ def test_the_gpt_sweep_makes_the_committed_transformer_runs():
     for name, cfg in plan.items():
         committed, provenance = RunFolder(folder / name).read_config()
         assert provenance and provenance["commit"]
-        differ = {k for k, v in committed.to_dict().items() if k != "data_root" and v != cfg.resolved().to_dict()[k]}
+        differ = {k for k, v in committed.to_flat().items() if k != "data_root" and v != cfg.resolved().to_flat()[k]}
         assert not differ, (name, differ)

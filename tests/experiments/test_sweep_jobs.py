@@ -82,51 +82,51 @@ def test_core_slots_split_the_cores_and_the_default_is_one_run_per_core():
 
 def test_converge_sweeps_plan_what_the_issue_asks():
     base = get_recipe("ptb-converge")
-    assert base.workers == 8 and base.threads == 1 and base.epochs == 12 and base.model_options["hidden_size"] == 200
-    assert base.lr_decay_epochs == list(range(4, 12)) and base.lr_decay == pytest.approx(0.5)  # Zaremba et al.'s halving
+    assert base.algorithm.workers == 8 and base.run.threads == 1 and base.schedule.epochs == 12 and base.workload.model_options["hidden_size"] == 200
+    assert base.schedule.lr_decay_epochs == list(range(4, 12)) and base.schedule.lr_decay == pytest.approx(0.5)  # Zaremba et al.'s halving
     runs = dict(experiments.plan("converge"))
     main_runs = {"naive", "celgc-I8", "celgc-I32", "celgc-I256", "local-sgd-I8-lr20", "naive-s2", "celgc-I32-s2"}
     assert main_runs <= set(runs)
     for name in main_runs:
-        assert runs[name].epochs == 12 and runs[name].lr_decay_epochs == base.lr_decay_epochs
-    assert {name: runs[name].period for name in ("celgc-I8", "celgc-I32", "celgc-I256")} == {"celgc-I8": 8, "celgc-I32": 32, "celgc-I256": 256}
-    assert runs["local-sgd-I8-lr20"].resolved().gamma == float("inf") and runs["local-sgd-I8-lr20"].lr == base.lr
+        assert runs[name].schedule.epochs == 12 and runs[name].schedule.lr_decay_epochs == base.schedule.lr_decay_epochs
+    assert {name: runs[name].round.period for name in ("celgc-I8", "celgc-I32", "celgc-I256")} == {"celgc-I8": 8, "celgc-I32": 32, "celgc-I256": 256}
+    assert runs["local-sgd-I8-lr20"].resolved().local.gamma == float("inf") and runs["local-sgd-I8-lr20"].local.lr == base.local.lr
     stable = [c for n, c in runs.items() if n.startswith("local-sgd") and n != "local-sgd-I8-lr20"]
-    assert len(stable) == 1 and stable[0].lr < base.lr and stable[0].resolved().gamma == float("inf")
-    assert runs["naive-s2"].seed == runs["celgc-I32-s2"].seed != base.seed
+    assert len(stable) == 1 and stable[0].local.lr < base.local.lr and stable[0].resolved().local.gamma == float("inf")
+    assert runs["naive-s2"].run.seed == runs["celgc-I32-s2"].run.seed != base.run.seed
     scenarios = {"naive-short", "naive-hetero", "celgc-I32-hetero", "celgc-I16-K4", "naive-mom0.9", "celgc-I4-mom0.9"}
-    assert scenarios <= set(runs) and all(runs[n].epochs >= 6 for n in scenarios)
-    assert runs["celgc-I16-K4"].participants == 4 and runs["celgc-I16-K4"].period == 16
-    assert runs["celgc-I32-hetero"].heterogeneous and runs["naive-hetero"].heterogeneous
-    mom = (runs["naive-mom0.9"].lr, runs["naive-mom0.9"].gamma)
-    assert mom == (runs["celgc-I4-mom0.9"].lr, runs["celgc-I4-mom0.9"].gamma) and runs["celgc-I4-mom0.9"].momentum == 0.9
+    assert scenarios <= set(runs) and all(runs[n].schedule.epochs >= 6 for n in scenarios)
+    assert runs["celgc-I16-K4"].round.participants == 4 and runs["celgc-I16-K4"].round.period == 16
+    assert runs["celgc-I32-hetero"].workload.heterogeneous and runs["naive-hetero"].workload.heterogeneous
+    mom = (runs["naive-mom0.9"].local.lr, runs["naive-mom0.9"].local.gamma)
+    assert mom == (runs["celgc-I4-mom0.9"].local.lr, runs["celgc-I4-mom0.9"].local.gamma) and runs["celgc-I4-mom0.9"].local.momentum == 0.9
     for cfg in runs.values():
-        assert cfg.threads == 1 and cfg.workers == 8 and cfg.model_options == base.model_options
+        assert cfg.run.threads == 1 and cfg.algorithm.workers == 8 and cfg.workload.model_options == base.workload.model_options
     tune = dict(experiments.plan("converge-tune"))
-    assert {c.algorithm for c in tune.values()} == {"naive"} and len(tune) == 5
-    assert sorted({c.model_options["dropout"] for c in tune.values()}) == [0.0, 0.2, 0.4]
+    assert {c.algorithm.name for c in tune.values()} == {"naive"} and len(tune) == 5
+    assert sorted({c.workload.model_options["dropout"] for c in tune.values()}) == [0.0, 0.2, 0.4]
     for epochs, start in ((12, 1 / 3), (6, 1 / 3), (6, 1 / 2), (3.5, 1 / 6)):
         decay_epochs, decay = converge_schedule(epochs, start)
         assert decay ** len(decay_epochs) == pytest.approx(1 / 256) and decay_epochs[0] >= 1 and decay_epochs[-1] < epochs
     assert converge_schedule(0.05, 1 / 3) == ([], 1.0)  # a smoke run too short to decay
     # At 6 epochs the scenarios are as long as the main runs: naive is their baseline, no copy of it.
     six = dict(experiments.plan("converge", epochs=6))
-    assert "naive-short" not in six and all(c.epochs == 6 for c in six.values())
+    assert "naive-short" not in six and all(c.schedule.epochs == 6 for c in six.values())
     beyond = {n: six[n] for n in ("celgc-I32-nesterov", "celgc-I256-nesterov", "celgc-I8-bf16", "episode-I32-hetero")}
-    assert [c.outer_optimizer for c in beyond.values()] == ["nesterov", "nesterov", "none", "none"]
-    assert beyond["celgc-I8-bf16"].compression == "bf16" and beyond["episode-I32-hetero"].heterogeneous
+    assert [c.round.outer_optimizer for c in beyond.values()] == ["nesterov", "nesterov", "none", "none"]
+    assert beyond["celgc-I8-bf16"].round.compression == "bf16" and beyond["episode-I32-hetero"].workload.heterogeneous
 
 
 def test_issue_14_sweeps_compare_like_with_like():
     image = dict(experiments.plan("episode-image"))
-    assert {n: c.algorithm for n, c in image.items()} == {
+    assert {n: c.algorithm.name for n, c in image.items()} == {
         "naive-skew": "naive", "celgc-I8-skew": "celgc", "episode-I8-skew": "episode", "celgc-I8-iid": "celgc", "naive-skew-bn": "naive"}
-    assert all(c.heterogeneous and c.similarity == 0 for n, c in image.items() if "-skew" in n)
-    assert not image["celgc-I8-iid"].heterogeneous and {c.period for n, c in image.items() if "naive" not in n} == {8}
-    assert [n for n, c in image.items() if c.model_options.get("norm") != "group"] == ["naive-skew-bn"]
+    assert all(c.workload.heterogeneous and c.workload.similarity == 0 for n, c in image.items() if "-skew" in n)
+    assert not image["celgc-I8-iid"].workload.heterogeneous and {c.round.period for n, c in image.items() if "naive" not in n} == {8}
+    assert [n for n, c in image.items() if c.workload.model_options.get("norm") != "group"] == ["naive-skew-bn"]
     runs = dict(experiments.plan("compression"))
-    assert [c.compression for c in runs.values()] == ["none", "bf16", "fp16"]
-    assert len({(c.seed, c.period, c.lr, c.gamma, c.workers) for c in runs.values()}) == 1
+    assert [c.round.compression for c in runs.values()] == ["none", "bf16", "fp16"]
+    assert len({(c.run.seed, c.round.period, c.local.lr, c.local.gamma, c.algorithm.workers) for c in runs.values()}) == 1
 
 
 @pytest.mark.slow  # eight ptb-converge workers per run: about 40 s on a loaded 2-core machine
@@ -409,16 +409,16 @@ def test_fair_and_wt2_sweeps_run_each_side_at_its_tuned_gamma():
     fair = dict(experiments.plan("fair"))
     converge = dict(experiments.plan("converge"))
     # naive at its best γ is the converge sweep's naive run, so that run's folder counts for both
-    assert fair["naive"].to_dict() == converge["naive"].to_dict() and fair["naive"].gamma == NAIVE_BEST_GAMMA
-    periods = {n: c.period for n, c in fair.items() if c.algorithm == "celgc" and not c.momentum and not c.participants}
+    assert fair["naive"].to_dict() == converge["naive"].to_dict() and fair["naive"].local.gamma == NAIVE_BEST_GAMMA
+    periods = {n: c.round.period for n, c in fair.items() if c.algorithm.name == "celgc" and not c.local.momentum and not c.round.participants}
     assert {periods[n] for n in ("celgc-I8", "celgc-I32", "celgc-I256", "celgc-I1024")} == {8, 32, 256, 1024}
-    assert all(fair[n].gamma == CELGC_BEST_GAMMA for n in periods)
-    assert fair["naive-s2"].seed == fair["celgc-I32-s2"].seed != fair["naive"].seed
-    assert fair["celgc-I16-K4"].participants == 4 and fair["celgc-I32-24ep"].epochs == 2 * fair["naive"].epochs
-    mom = [(fair[n].lr, fair[n].gamma, fair[n].momentum) for n in ("naive-mom0.9", "celgc-I4-mom0.9")]
+    assert all(fair[n].local.gamma == CELGC_BEST_GAMMA for n in periods)
+    assert fair["naive-s2"].run.seed == fair["celgc-I32-s2"].run.seed != fair["naive"].run.seed
+    assert fair["celgc-I16-K4"].round.participants == 4 and fair["celgc-I32-24ep"].schedule.epochs == 2 * fair["naive"].schedule.epochs
+    mom = [(fair[n].local.lr, fair[n].local.gamma, fair[n].local.momentum) for n in ("naive-mom0.9", "celgc-I4-mom0.9")]
     assert mom[0] == mom[1] == (2.0, 0.5, 0.9)
     wt2 = dict(experiments.plan("wt2"))
-    assert {c.dataset for c in wt2.values()} == {"wikitext2"} and [c.gamma for c in wt2.values()] == [NAIVE_BEST_GAMMA, CELGC_BEST_GAMMA]
+    assert {c.workload.dataset for c in wt2.values()} == {"wikitext2"} and [c.local.gamma for c in wt2.values()] == [NAIVE_BEST_GAMMA, CELGC_BEST_GAMMA]
     assert {report_kind(n) for n in ("converge", "fair", "wt2")} == {"converge"} and report_kind("image") == "image"
 
 
@@ -442,7 +442,7 @@ def test_speedup_converge_report_counts_steps_to_each_target(tmp_path):
     assert SPEEDUP_TARGETS == (125.0, 120.0)
     runs = dict(experiments.plan("speedup-converge"))
     assert runs["celgc-I8-N8"].to_dict() == dict(experiments.plan("fair"))["celgc-I8"].to_dict()
-    assert [c.workers for c in runs.values()] == [1, 2, 4, 8] and runs["single-N1"].algorithm == "single"
+    assert [c.algorithm.workers for c in runs.values()] == [1, 2, 4, 8] and runs["single-N1"].algorithm.name == "single"
     folder = tmp_path / "speedup-converge"
     vals = [400, 300, 250, 200, 180, 160, 140, 130, 126, 124, 121, 119]
     _fake_converge_run(folder / "single-N1", "single", 1, vals, steps_per_epoch=80, workers=1)
@@ -466,18 +466,18 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
     assert runs["celgc-I8"].to_dict() == fair["celgc-I8"].to_dict() and runs["naive"].to_dict() == fair["naive"].to_dict()
     assert runs["celgc-I32"].to_dict() == fair["celgc-I32"].to_dict()
     long = runs["celgc-I32-P4-tau1"]
-    assert {k for k, v in long.to_dict().items() if v != runs["celgc-I32"].to_dict()[k]} == {"fragments", "overlap", "eval_interval"}
+    assert {k for k, v in long.to_flat().items() if v != runs["celgc-I32"].to_flat()[k]} == {"fragments", "overlap", "eval_interval"}
     p4 = runs["celgc-I8-P4-tau1"]
-    assert (p4.fragments, p4.overlap, p4.overlap_alpha, p4.eval_interval) == (4, 1, 0.0, 0)
+    assert (p4.round.fragments, p4.round.overlap, p4.round.overlap_alpha, p4.evaluation.eval_interval) == (4, 1, 0.0, 0)
     lowbit = ("celgc-I8-int4", "celgc-I8-int4-noef", "celgc-I8-bf16")
-    assert [(runs[n].compression, runs[n].error_feedback) for n in lowbit] == [("int4", True), ("int4", False), ("bf16", True)]
-    assert (runs["celgc-I8-P4"].fragments, runs["celgc-I8-P4"].overlap) == (4, 0)
-    assert runs["celgc-I8-P4-tau1-a0.5"].overlap_alpha == 0.5
+    assert [(runs[n].round.compression, runs[n].round.error_feedback) for n in lowbit] == [("int4", True), ("int4", False), ("bf16", True)]
+    assert (runs["celgc-I8-P4"].round.fragments, runs["celgc-I8-P4"].round.overlap) == (4, 0)
+    assert runs["celgc-I8-P4-tau1-a0.5"].round.overlap_alpha == 0.5
     carry = runs["celgc-I8-P4-tau1-carry"]
-    assert (carry.fragments, carry.overlap, carry.overlap_alpha, carry.overlap_merge, carry.eval_interval) == (4, 1, 0.0, "carry", 0)
-    assert {n: r.overlap_merge for n, r in runs.items() if r.overlap_merge != "mix"} == {"celgc-I8-P4-tau1-carry": "carry"}
+    assert (carry.round.fragments, carry.round.overlap, carry.round.overlap_alpha, carry.round.overlap_merge, carry.evaluation.eval_interval) == (4, 1, 0.0, "carry", 0)
+    assert {n: r.round.overlap_merge for n, r in runs.items() if r.round.overlap_merge != "mix"} == {"celgc-I8-P4-tau1-carry": "carry"}
     for name in ("celgc-I8-P4-tau1", "celgc-I8-P4", "celgc-I8-P4-tau1-a0.5", "celgc-I8-P4-tau1-carry", *lowbit):  # the same run but for its rounds
-        changed = {k for k, v in runs[name].to_dict().items() if v != runs["celgc-I8"].to_dict()[k]}
+        changed = {k for k, v in runs[name].to_flat().items() if v != runs["celgc-I8"].to_flat()[k]}
         assert changed <= {"fragments", "overlap", "overlap_alpha", "overlap_merge", "eval_interval", "compression", "error_feedback"}, (name, changed)
 
 

@@ -43,20 +43,20 @@ def test_every_sweep_plans_distinct_valid_runs():
         assert len({run for run, _ in runs}) == len(runs) and runs
         for run, cfg in runs:
             resolved = cfg.resolved()
-            if resolved.algorithm in ("celgc", "local-sgd") and resolved.workers > 1:
-                assert resolved.eval_interval % resolved.period == 0, (name, run)  # validations see the averaged model
+            if resolved.algorithm.name in ("celgc", "local-sgd") and resolved.algorithm.workers > 1:
+                assert resolved.evaluation.eval_interval % resolved.round.period == 0, (name, run)  # validations see the averaged model
     isweep = dict(sweeps.plan("isweep", epochs=0.25))
-    assert [c.period for r, c in isweep.items() if r.startswith("celgc")] == [2, 4, 8, 16, 32, 64]
-    assert {c.seed for c in isweep.values()} == {get_recipe("ptb-small").seed} and {c.epochs for c in isweep.values()} == {0.25}
-    assert isweep["naive"].algorithm == "naive" and isweep["local-sgd-I8"].resolved().gamma == float("inf")
-    assert [c.resolved().workers for _, c in sweeps.plan("speedup")] == [1, 2, 4, 8]
+    assert [c.round.period for r, c in isweep.items() if r.startswith("celgc")] == [2, 4, 8, 16, 32, 64]
+    assert {c.run.seed for c in isweep.values()} == {get_recipe("ptb-small").run.seed} and {c.schedule.epochs for c in isweep.values()} == {0.25}
+    assert isweep["naive"].algorithm.name == "naive" and isweep["local-sgd-I8"].resolved().local.gamma == float("inf")
+    assert [c.resolved().algorithm.workers for _, c in sweeps.plan("speedup")] == [1, 2, 4, 8]
     scen = dict(sweeps.plan("scenarios"))
     mom, mom_naive, base = scen["celgc-I4-mom0.9-lr0.1x"], scen["naive-mom0.9-lr0.1x"], get_recipe("ptb-small")
-    assert (mom.lr, mom.gamma) == (mom_naive.lr, mom_naive.gamma) == pytest.approx((base.lr * 0.1, base.gamma * 0.1))
-    assert scen["celgc-I8-hetero"].epochs == scen["naive"].epochs + 1 and scen["celgc-I8-K4"].participants == 4
+    assert (mom.local.lr, mom.local.gamma) == (mom_naive.local.lr, mom_naive.local.gamma) == pytest.approx((base.local.lr * 0.1, base.local.gamma * 0.1))
+    assert scen["celgc-I8-hetero"].schedule.epochs == scen["naive"].schedule.epochs + 1 and scen["celgc-I8-K4"].round.participants == 4
     image = dict(sweeps.plan("image"))
-    assert {(c.dataset, c.model, c.workers, c.average_buffers) for c in image.values()} == {("fashion-mnist", "resnet8", 8, True)}
-    assert [c.algorithm for c in image.values()] == ["celgc", "naive", "local-sgd"]
+    assert {(c.workload.dataset, c.workload.model, c.algorithm.workers, c.round.average_buffers) for c in image.values()} == {("fashion-mnist", "resnet8", 8, True)}
+    assert [c.algorithm.name for c in image.values()] == ["celgc", "naive", "local-sgd"]
 
 
 def test_unknown_sweep_or_run_names_them(tmp_path, capsys):
@@ -221,7 +221,7 @@ def test_image_workload_trains_and_reports_accuracy(tmp_path, monkeypatch):
         return dataclasses.replace(splits, test_x=splits.test_x[:1000], test_y=splits.test_y[:1000])
 
     monkeypatch.setattr(data, "load_fashion_mnist", fewer_test_images)
-    config = dataclasses.replace(get_recipe("fmnist-resnet"), max_steps=3, workers=2, log_interval=1, threads=1)
+    config = get_recipe("fmnist-resnet").replace(max_steps=3, workers=2, log_interval=1, threads=1)
     summary = run_training(config, tmp_path / "run", progress=False)
     assert summary["steps"] == 3 and 0 <= summary["val/acc"] <= 1 and 0 <= summary["test/acc"] <= 1
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["test/acc"] == summary["test/acc"]

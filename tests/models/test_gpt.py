@@ -103,7 +103,7 @@ def test_cli_gpt_context_too_long_is_one_line_and_no_run_folder(tmp_path, capsys
 def test_recipes_fit_their_contexts():
     for name in ("ptb-gpt-small", "wt2-gpt"):
         cfg = get_recipe(name).resolved()
-        assert cfg.bptt <= cfg.model_options["block_size"]
+        assert cfg.workload.bptt <= cfg.workload.model_options["block_size"]
 
 
 TINY = ["--set", "model_options.n_embd=32", "--set", "model_options.n_layer=1", "--set", "model_options.block_size=16",
@@ -125,7 +125,7 @@ def test_gpt_trains_with_celgc_through_the_cli(tmp_path, inner):
     assert math.isfinite(summary["val/ppl"]) and summary["val/ppl"] < 10000
     if inner == "adamw":
         assert all("gamma" not in r for r in records if "train/loss" in r)
-        assert json.loads((out / "config.json").read_text())["inner_optimizer"] == "adamw"
+        assert json.loads((out / "config.json").read_text())["local"]["inner_optimizer"] == "adamw"
 
 
 @pytest.mark.full  # a killed process

@@ -220,12 +220,12 @@ def test_from_optimizer_rejects_an_optimizer_over_other_parameters():
 )
 def test_bad_inner_optimizer_settings_are_named(changes, match):
     with pytest.raises(ConfigError, match=match):
-        TrainConfig(**changes).resolved()
+        TrainConfig().replace(**changes).resolved()
 
 
 def test_local_sgd_with_adamw_means_no_clipping():
-    cfg = TrainConfig(algorithm="local-sgd", inner_optimizer="adamw", max_grad_norm=1.0, lr=1e-3).resolved()
-    assert cfg.max_grad_norm == math.inf and cfg.gamma == math.inf
+    cfg = TrainConfig().replace(algorithm="local-sgd", inner_optimizer="adamw", max_grad_norm=1.0, lr=1e-3).resolved()
+    assert cfg.local.max_grad_norm == math.inf and cfg.local.gamma == math.inf
 
 
 def test_cli_unknown_inner_optimizer_flag_is_rejected_by_argparse(capsys):
@@ -262,6 +262,6 @@ def test_a_run_started_before_the_new_fields_existed_still_resumes(tmp_path):
     run.path.mkdir()
     run.config_path.write_text(json.dumps(old))
     assert not run.prepare(cfg.to_json(), resume=True)  # accepted, no checkpoint yet
-    changed = TrainConfig(inner_optimizer="adamw", lr=1e-3).resolved()
+    changed = TrainConfig().replace(inner_optimizer="adamw", lr=1e-3).resolved()
     with pytest.raises(localclip.errors.RunFolderError, match="inner_optimizer: 'clipped_sgd' in the run, 'adamw' now"):
         run.prepare(changed.to_json(), resume=True)

@@ -2,7 +2,6 @@
 back the worker's state bit for bit, and a restored worker's next step equals the original's."""
 
 import copy
-import dataclasses
 
 import torch
 
@@ -43,9 +42,9 @@ def step(trainer, batches):
 
 
 def test_a_checkpoint_restores_the_worker_bit_for_bit_and_its_next_step_is_the_same(tmp_path):
-    config = dataclasses.replace(
-        get_recipe("ptb-small"), workers=2, period=3, data_root=str(SHARED), allow_custom_corpus=CUSTOM, threads=1,
-        model_options={**get_recipe("ptb-small").model_options, "dropout": 0.3},  # the worker's random stream matters
+    config = get_recipe("ptb-small").replace(
+        workers=2, period=3, data_root=str(SHARED), allow_custom_corpus=CUSTOM, threads=1,
+        model_options={**get_recipe("ptb-small").workload.model_options, "dropout": 0.3},  # the worker's random stream matters
     ).resolved()
     run = RunFolder(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)

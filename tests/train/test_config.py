@@ -1,6 +1,5 @@
 """Config overrides (``--set``) and recipes, including property tests of the override parser."""
 
-import dataclasses
 import math
 
 import pytest
@@ -19,13 +18,13 @@ BOOL_FIELDS = ["variable_bptt", "heterogeneous", "average_buffers", "allow_custo
 @settings(max_examples=60, deadline=None)
 @given(field=st.sampled_from(INT_FIELDS), value=st.integers(min_value=-(10**12), max_value=10**12))
 def test_int_overrides_round_trip(field, value):
-    assert getattr(apply_overrides(TrainConfig(), [f"{field}={value}"]), field) == value
+    assert apply_overrides(TrainConfig(), [f"{field}={value}"]).value(field) == value
 
 
 @settings(max_examples=60, deadline=None)
 @given(field=st.sampled_from(FLOAT_FIELDS), value=st.floats(allow_nan=False))
 def test_float_overrides_round_trip(field, value):
-    assert getattr(apply_overrides(TrainConfig(), [f"{field}={value!r}"]), field) == value
+    assert apply_overrides(TrainConfig(), [f"{field}={value!r}"]).value(field) == value
 
 
 @settings(max_examples=40, deadline=None)
@@ -33,7 +32,7 @@ def test_float_overrides_round_trip(field, value):
 def test_bool_overrides_accept_common_spellings(field, value, spelling):
     yes, no = spelling.split("/")
     text = yes if value else no
-    assert getattr(apply_overrides(TrainConfig(), [f"{field}={text}"]), field) is value
+    assert apply_overrides(TrainConfig(), [f"{field}={text}"]).value(field) is value
 
 
 @settings(max_examples=150, deadline=None)
@@ -61,8 +60,8 @@ def test_non_numbers_for_int_fields_are_config_errors_naming_the_field(field, ju
 
 def test_model_options_and_optional_fields():
     cfg = apply_overrides(TrainConfig(), ["model_options.dropout=0.3", "max_steps=none", "participants=4", "lr_decay_epochs=[80, 120]"])
-    assert cfg.model_options["dropout"] == 0.3 and cfg.max_steps is None and cfg.participants == 4
-    assert cfg.lr_decay_epochs == [80, 120]
+    assert cfg.workload.model_options["dropout"] == 0.3 and cfg.schedule.max_steps is None and cfg.round.participants == 4
+    assert cfg.schedule.lr_decay_epochs == [80, 120]
     with pytest.raises(ConfigError, match="lr_decay_epochs"):
         apply_overrides(TrainConfig(), ["lr_decay_epochs={}"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
@@ -79,10 +78,10 @@ def test_every_recipe_resolves_and_round_trips_through_json():
 
 
 def test_resolved_applies_the_algorithm_conventions():
-    assert dataclasses.replace(TrainConfig(), algorithm="single", workers=8).resolved().workers == 1
-    assert math.isinf(dataclasses.replace(TrainConfig(), algorithm="local-sgd").resolved().gamma)
+    assert TrainConfig().replace(algorithm="single", workers=8).resolved().algorithm.workers == 1
+    assert math.isinf(TrainConfig().replace(algorithm="local-sgd").resolved().local.gamma)
     with pytest.raises(ConfigError, match="Invalid participants: 9"):
-        dataclasses.replace(TrainConfig(), workers=8, participants=9).resolved()
+        TrainConfig().replace(workers=8, participants=9).resolved()
 
 
 def test_unknown_recipe_lists_recipes():

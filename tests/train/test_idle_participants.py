@@ -1,7 +1,6 @@
 """Partial participation at scale: idle non-participants (K slots play the N workers), and the
 refusal of a run whose memory estimate exceeds what the machine has available."""
 
-import dataclasses
 import json
 import threading
 
@@ -11,13 +10,14 @@ from localclip.cli import main
 from localclip.errors import ConfigError
 from localclip.recipes import get_recipe
 from localclip.train import capacity, run_training, trainer
+from localclip.train.config import flat_view
 from helpers import CUSTOM, SHARED, SMOKE_DATA
 
 SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=500", "--set", "loggers=[]"]
 
 
 def smoke_config(**changes):
-    return dataclasses.replace(get_recipe("ptb-small"), data_root=str(SHARED), allow_custom_corpus=CUSTOM,
+    return get_recipe("ptb-small").replace(data_root=str(SHARED), allow_custom_corpus=CUSTOM,
                                eval_tokens=500, loggers=[], **changes)
 
 
@@ -48,7 +48,7 @@ def test_the_refusal_names_the_estimate_and_the_limit_and_idle_non_participants_
     assert "non_participants=idle" in message and "\n" not in message
     assert not (tmp_path / "run").exists()
     # The same run with idle non-participants holds 2 workers, which the estimate lets through.
-    capacity.check_memory(dataclasses.replace(config, non_participants="idle"), "simulate")
+    capacity.check_memory(config.replace(non_participants="idle"), "simulate")
 
 
 @pytest.mark.parametrize("changes,needle", [
@@ -109,7 +109,7 @@ def test_a_thousand_workers_run_as_the_sampled_few(tmp_path, monkeypatch):
     assert summary["workers"] == 1000 and summary["steps"] == 6
     assert len(built) == 4  # four workers in memory, not a thousand
     assert max(threads) <= before + 4
-    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    saved = flat_view(json.loads((tmp_path / "run" / "config.json").read_text()))
     assert saved["workers"] == 1000 and saved["non_participants"] == "idle"
 
 

@@ -19,7 +19,7 @@ def recording_bar(monkeypatch):
     RecordingBar.instances = []
 
     def factory(self):
-        return RecordingBar(total=self.config.max_steps, initial=self.step) if self.progress else None
+        return RecordingBar(total=self.config.schedule.max_steps, initial=self.step) if self.progress else None
 
     monkeypatch.setattr(trainer_module.Trainer, "_progress_bar", factory)
     return RecordingBar.instances

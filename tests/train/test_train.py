@@ -13,6 +13,7 @@ import pytest
 
 from localclip import jsonio
 from localclip.cli import EXIT_DIVERGED, main
+from localclip.train.config import flat_view
 from helpers import SMOKE, kill_after_first_checkpoint, records, train
 
 REQUIRED_TRAIN_KEYS = {"step", "epoch", "train/loss", "clip/fraction", "comm/rounds", "comm/bytes", "time/compute", "time/comm", "lr", "gamma"}
@@ -45,7 +46,7 @@ def test_each_algorithm_trains_and_writes_a_complete_run_folder(tmp_path, algori
     if algorithm != "local-sgd":  # without clipping, η = 20 blows up: the paper's point
         assert math.isfinite(summary["val/ppl"]) and summary["val/ppl"] > 1
     assert summary["comm/rounds"] == expected_rounds
-    config = jsonio.loads((out / "config.json").read_text())
+    config = flat_view(jsonio.loads((out / "config.json").read_text()))
     assert config["algorithm"] == algorithm and config["workers"] == (1 if algorithm == "single" else 2)
     if algorithm == "local-sgd":
         assert config["gamma"] == math.inf
@@ -115,5 +116,5 @@ def test_a_diverged_run_stops_at_the_validation_that_finds_it(tmp_path, stop):
         assert saved and all(step < first_bad for step in saved)  # none of the diverged state
     else:
         assert summary["steps"] == 24 and "diverged_at_step" not in summary
-    config = json.loads((out / "config.json").read_text())
+    config = flat_view(json.loads((out / "config.json").read_text()))
     assert config["stop_on_divergence"] is stop

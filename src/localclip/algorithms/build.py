@@ -16,8 +16,9 @@ A run is three independent choices, each implemented (and its allowed values kep
 
 :func:`build_algorithm` composes them through the algorithms' public constructor
 (:meth:`~localclip.algorithms.DistributedAlgorithm.from_optimizer`), so that a config and the
-same composition written by hand with the library give the same bits. :func:`check` refuses the
-combinations that would mean nothing (each message names both fields), and :func:`resolve`
+same composition written by hand with the library give the same bits. :func:`check` holds the rules
+across a config's sections (each section checks its own values: :mod:`localclip.train.sections`):
+it refuses the combinations that would mean nothing (each message names both fields), and :func:`resolve`
 writes into a config the values its algorithm fixes (``naive``: period 1; ``single``: one
 worker; ``local-sgd``: no clipping), so that ``config.json`` and the summary say what ran.
 Everything else that asks about an algorithm by name (the trainer, the sweeps, the report, the
@@ -26,7 +27,6 @@ runner, the Accelerate integration) asks :data:`ALGORITHMS`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -70,12 +70,12 @@ class AlgorithmSpec:
     fixed: dict = field(default_factory=dict)
     clip_modes: tuple = ("local",)
 
-    def period(self, config) -> int | None:
-        """Local steps between two communications of a run with ``config``; None: it never
-        communicates (one worker)."""
-        if config.workers == 1 or "workers" in self.fixed:
+    def period(self, workers: int, period: int) -> int | None:
+        """Local steps between two communications of a run of ``workers`` workers whose config
+        asks for ``period``; None: it never communicates (one worker)."""
+        if workers == 1 or "workers" in self.fixed:
             return None
-        return self.fixed["period"][0] if "period" in self.fixed else config.period
+        return self.fixed["period"][0] if "period" in self.fixed else period
 
 
 _UNCLIPPED = "local SGD does not clip"
@@ -113,59 +113,92 @@ def spec(name: str) -> AlgorithmSpec:
 
 def resolve(config):
     """``config`` with the values its algorithm fixes written in (a copy; ``config`` is unchanged)."""
-    values = {name: value for name, (value, _) in spec(config.algorithm).fixed.items()}
-    return dataclasses.replace(config, **values) if values else config
+    values = {name: value for name, (value, _) in spec(config.algorithm.name).fixed.items()}
+    return config.replace(**values) if values else config
 
 
 def overridden(config, explicit) -> str | None:
     """A message if a field in ``explicit`` (what the user set, not a recipe's default) has a
     value that ``config``'s algorithm would replace; None when there is none."""
-    s = spec(config.algorithm)
+    s = spec(config.algorithm.name)
     problems = []
     for name in sorted(explicit):
-        if name in s.fixed and getattr(config, name) != s.fixed[name][0]:
+        if name in s.fixed and config.value(name) != s.fixed[name][0]:
             value, why = s.fixed[name]
-            problems.append(f"Invalid {name}={getattr(config, name)!r} with algorithm={config.algorithm}: {why} "
+            problems.append(f"Invalid {name}={config.value(name)!r} with algorithm={config.algorithm.name}: {why} "
                             f"({name}={value!r}); leave {name} out")
     return "; ".join(problems) or None
 
 
 def check(config, bad) -> None:
-    """Refuse what the chosen algorithm, local update and round would not do as the config says.
+    """Refuse what the chosen algorithm, local update and round would not do as the config says:
+    the rules that relate values of two sections (participants and workers, idle non-participants
+    and what a worker would carry between its periods, a GPT's window and the sequence lengths, ...).
 
     ``bad(field, why)`` is called for each conflict (it may raise, or collect them all: every
     check here reads only values already checked on their own); each message names the other
     field involved.
     """
-    s = spec(config.algorithm)
-    if config.clip_mode not in s.clip_modes:
-        bad("clip_mode", f"means nothing with algorithm={config.algorithm}; accepted there: {', '.join(s.clip_modes)}")
-    if config.inner_optimizer == "adamw":
-        if config.momentum:
+    s = spec(config.algorithm.name)
+    if config.round.participants is not None and not 1 <= config.round.participants <= config.algorithm.workers:
+        bad("participants", f"must be in [1, workers={config.algorithm.workers}]")
+    _check_non_participants(config, bad)
+    if config.workload.task == "lm" and config.workload.model == "gpt":
+        from localclip.models.gpt import GPTConfig, check_windows
+
+        block_size = config.workload.model_options.get("block_size", GPTConfig.block_size)
+        check_windows(block_size, variable=config.workload.variable_bptt, bptt=config.workload.bptt, eval_bptt=config.evaluation.eval_bptt)
+    if config.local.clip_mode not in s.clip_modes:
+        bad("clip_mode", f"means nothing with algorithm={config.algorithm.name}; accepted there: {', '.join(s.clip_modes)}")
+    if config.local.inner_optimizer == "adamw":
+        if config.local.momentum:
             bad("momentum", "applies to inner_optimizer=clipped_sgd; AdamW's momentum is betas[0]")
-        if config.clip_mode != "local":
+        if config.local.clip_mode != "local":
             bad("clip_mode", "inner_optimizer=adamw clips each worker's own gradient (local); other modes need clipped_sgd")
     if not s.averages_models:
         periodic = ", ".join(n for n, o in ALGORITHMS.items() if o.averages_models)
-        if config.participants is not None:
-            bad("participants", f"partial participation applies to algorithm={periodic}, not {config.algorithm}")
+        if config.round.participants is not None:
+            bad("participants", f"partial participation applies to algorithm={periodic}, not {config.algorithm.name}")
         for name, off in (("outer_optimizer", "none"), ("compression", "none"), ("fragments", 1), ("overlap", 0), ("warmup_steps", 0)):
-            if getattr(config, name) != off:
-                bad(name, f"applies to the model-averaging algorithms ({periodic}), not algorithm={config.algorithm}")
-    if not config.error_feedback and config.compression not in LOWBIT:
-        bad("error_feedback", f"false applies to compression={'|'.join(LOWBIT)}, not compression={config.compression}")
+            if config.value(name) != off:
+                bad(name, f"applies to the model-averaging algorithms ({periodic}), not algorithm={config.algorithm.name}")
+    if not config.round.error_feedback and config.round.compression not in LOWBIT:
+        bad("error_feedback", f"false applies to compression={'|'.join(LOWBIT)}, not compression={config.round.compression}")
     _check_streaming(config, bad)
-    if config.warmup_steps and streaming_rounds(config):
-        bad("warmup_steps", f"averages the whole model every step: streaming rounds (fragments={config.fragments}, overlap={config.overlap}) need 0")
-    if config.warmup_steps % config.period and config.eval_interval and s.averages_models:
+    if config.round.warmup_steps and streaming_rounds(config):
+        bad("warmup_steps", f"averages the whole model every step: streaming rounds (fragments={config.round.fragments}, overlap={config.round.overlap}) need 0")
+    if config.round.warmup_steps % config.round.period and config.evaluation.eval_interval and s.averages_models:
         # After the warm-up, rounds end at warmup_steps + k·period: evaluations (multiples of
         # the period) fall on them only when the warm-up is a whole number of periods.
-        bad("warmup_steps", f"must be a multiple of period={config.period} when eval_interval is set")
-    if config.eval_interval and s.averages_models and not streaming_rounds(config) and config.eval_interval % config.period:
+        bad("warmup_steps", f"must be a multiple of period={config.round.period} when eval_interval is set")
+    if config.evaluation.eval_interval and s.averages_models and not streaming_rounds(config) and config.evaluation.eval_interval % config.round.period:
         # Evaluations score the averaged model, which exists only at the end of a period. With
         # streaming rounds no step holds it inside an epoch: they score the mean of the workers'
         # live models (localclip.train.live_mean), at any step.
-        bad("eval_interval", f"must be a multiple of period={config.period}")
+        bad("eval_interval", f"must be a multiple of period={config.round.period}")
+
+
+def _check_non_participants(config, bad) -> None:
+    """``idle`` non-participants keep nothing of their own between their rounds, so a run whose
+    workers carry state from one of their periods to the next (momentum kept per worker, an
+    error-feedback residual, a fragment schedule, EPISODE's corrections) is refused with it."""
+    if config.round.non_participants == "train":
+        return
+    why = None
+    if config.round.participants is None or config.round.participants >= config.algorithm.workers:
+        why = f"needs partial participation, participants K < workers={config.algorithm.workers}"
+    elif config.workload.task != "lm":
+        why = f"applies to the lm task, not task={config.workload.task}"
+    elif config.algorithm.name not in ("celgc", "local-sgd"):
+        why = f"applies to algorithm=celgc|local-sgd, not {config.algorithm.name}"
+    elif config.round.optimizer_state == "local" and (config.local.momentum or config.local.inner_optimizer != "clipped_sgd"):
+        why = "keeps no optimizer state per worker: use optimizer_state=average or reset"
+    elif config.round.compression in ("int8", "int4") and config.round.error_feedback:
+        why = f"keeps no error-feedback residual per worker: set error_feedback=false with compression={config.round.compression}"
+    elif config.round.fragments != 1 or config.round.overlap:
+        why = "applies to blocking whole-model rounds (fragments=1, overlap=0)"
+    if why is not None:
+        bad("non_participants", f"idle {why}")
 
 
 # What a changing group of workers (failure plans, --runtime ft) refuses, each with its reason
@@ -179,60 +212,60 @@ MEMBERSHIP_REFUSED = (
 
 
 def check_membership(config, bad, what: str = "fail") -> None:
-    """Refuse a failure plan (``config.fail``) that names a bad worker or step, and the options a
+    """Refuse a failure plan (``config.algorithm.fail``) that names a bad worker or step, and the options a
     changing group of workers cannot run (``what``: the field or flag that asks for one)."""
     from localclip.comm.membership import check_plan, parse_plan
 
-    if what == "fail" and not config.fail:
+    if what == "fail" and not config.algorithm.fail:
         return
-    if not isinstance(config.fail, list):
+    if not isinstance(config.algorithm.fail, list):
         bad("fail", 'expected a list of "RANK@LEAVE:REJOIN" strings, e.g. ["3@200:400"]')
     try:
-        check_plan(parse_plan(config.fail), config.workers, config.period)
+        check_plan(parse_plan(config.algorithm.fail), config.algorithm.workers, config.round.period)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    reason = f"with {what}" if what != "fail" else f"with fail={config.fail}"
-    if config.algorithm not in ("celgc", "local-sgd"):
+    reason = f"with {what}" if what != "fail" else f"with fail={config.algorithm.fail}"
+    if config.algorithm.name not in ("celgc", "local-sgd"):
         bad("algorithm", f"{reason}: a changing group needs rounds of whole models and local steps (celgc, local-sgd)")
-    if config.clip_mode not in ("local", "none"):
+    if config.local.clip_mode not in ("local", "none"):
         bad("clip_mode", f"{reason}: it all-reduces every worker's gradient each period, a departed worker's included")
     for name, off, why in MEMBERSHIP_REFUSED:
-        if getattr(config, name) != off:
+        if config.value(name) != off:
             bad(name, f"{reason}: {why}")
-    if config.compression in LOWBIT:
+    if config.round.compression in LOWBIT:
         bad("compression", f"{reason}: an error-feedback residual is one worker's unsent change, lost with it")
 
 
 def streaming_rounds(config) -> bool:
     """Whether ``config``'s rounds stream: fragments on staggered schedules or rounds in flight."""
-    return config.fragments != 1 or config.overlap != 0
+    return config.round.fragments != 1 or config.round.overlap != 0
 
 
 def _check_streaming(config, bad) -> None:
     """Streaming rounds (``fragments``, ``overlap``; :mod:`localclip.averaging.fragments`)."""
-    if config.algorithm == "episode":
+    if config.algorithm.name == "episode":
         for name, off in (("fragments", 1), ("overlap", 0)):
-            if getattr(config, name) != off:
+            if config.value(name) != off:
                 bad(name, "algorithm=episode's correction needs every worker at the same whole model when a round starts")
-    if config.overlap_alpha and not config.overlap:
+    if config.round.overlap_alpha and not config.round.overlap:
         bad("overlap_alpha", "merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
-    if config.overlap_merge == "carry" and not config.overlap:
+    if config.round.overlap_merge == "carry" and not config.round.overlap:
         bad("overlap_merge", "carry merges a round in flight into the local model: it needs overlap >= 1 (overlap=0: rounds block)")
-    if config.overlap_merge == "carry" and config.overlap_alpha:
-        bad("overlap_merge", f"carry keeps the local progress whole: it needs overlap_alpha=0, not {config.overlap_alpha:g}")
+    if config.round.overlap_merge == "carry" and config.round.overlap_alpha:
+        bad("overlap_merge", f"carry keeps the local progress whole: it needs overlap_alpha=0, not {config.round.overlap_alpha:g}")
     if not streaming_rounds(config):
         return
-    if config.fragments > config.period and spec(config.algorithm).averages_models:
-        bad("fragments", f"at most one fragment may start per step: fragments <= period={config.period}")
-    if config.overlap >= config.period and spec(config.algorithm).averages_models:
-        bad("overlap", f"a round must land before the fragment's next one: overlap < period={config.period}")
-    if config.optimizer_state != "local":
-        bad("optimizer_state", f"streaming rounds (fragments={config.fragments}, overlap={config.overlap}) keep it local")
+    if config.round.fragments > config.round.period and spec(config.algorithm.name).averages_models:
+        bad("fragments", f"at most one fragment may start per step: fragments <= period={config.round.period}")
+    if config.round.overlap >= config.round.period and spec(config.algorithm.name).averages_models:
+        bad("overlap", f"a round must land before the fragment's next one: overlap < period={config.round.period}")
+    if config.round.optimizer_state != "local":
+        bad("optimizer_state", f"streaming rounds (fragments={config.round.fragments}, overlap={config.round.overlap}) keep it local")
 
 
 def communication_period(config) -> int | None:
     """Local steps between two communications of a run with ``config`` (None: never)."""
-    return spec(config.algorithm).period(config)
+    return spec(config.algorithm.name).period(config.algorithm.workers, config.round.period)
 
 
 # -- the parts ---------------------------------------------------------------------------------
@@ -253,25 +286,25 @@ def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def local_update(config, model: nn.Module) -> torch.optim.Optimizer:
     """The inner optimizer over ``model``'s trainable parameters (``config`` resolved)."""
-    if config.inner_optimizer == "clipped_sgd":
+    if config.local.inner_optimizer == "clipped_sgd":
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"Invalid module: {type(model).__name__} has no trainable parameters")
-        return ClippedSGD(params, config.lr, config.gamma, momentum=config.momentum, weight_decay=config.weight_decay,
-                          clip_mode=config.clip_mode)
-    if config.inner_optimizer == "adamw":
-        return ClippedAdamW(adamw_param_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas),
-                            weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm)
-    raise ValueError(f"Invalid inner_optimizer: {config.inner_optimizer!r} (expected one of {', '.join(INNER_OPTIMIZERS)})")
+        return ClippedSGD(params, config.local.lr, config.local.gamma, momentum=config.local.momentum, weight_decay=config.local.weight_decay,
+                          clip_mode=config.local.clip_mode)
+    if config.local.inner_optimizer == "adamw":
+        return ClippedAdamW(adamw_param_groups(model, config.local.weight_decay), lr=config.local.lr, betas=tuple(config.local.betas),
+                            weight_decay=config.local.weight_decay, max_grad_norm=config.local.max_grad_norm)
+    raise ValueError(f"Invalid inner_optimizer: {config.local.inner_optimizer!r} (expected one of {', '.join(INNER_OPTIMIZERS)})")
 
 
 def outer_optimizer(config) -> OuterSGD | None:
     """What a round does with the average: None (take it) or a fresh outer step (one per worker)."""
-    if config.outer_optimizer == "none":
+    if config.round.outer_optimizer == "none":
         return None
-    if config.outer_optimizer in ("sgd", "nesterov"):
-        return OuterSGD(config.outer_lr, config.outer_momentum, nesterov=config.outer_optimizer == "nesterov")
-    raise ValueError(f"Invalid outer_optimizer: {config.outer_optimizer!r} (expected one of {', '.join(OUTER_OPTIMIZERS)})")
+    if config.round.outer_optimizer in ("sgd", "nesterov"):
+        return OuterSGD(config.round.outer_lr, config.round.outer_momentum, nesterov=config.round.outer_optimizer == "nesterov")
+    raise ValueError(f"Invalid outer_optimizer: {config.round.outer_optimizer!r} (expected one of {', '.join(OUTER_OPTIMIZERS)})")
 
 
 def compose(algorithm: str, model: nn.Module, optimizer: torch.optim.Optimizer, period: int = 1, *, group=None,
@@ -283,18 +316,18 @@ def compose(algorithm: str, model: nn.Module, optimizer: torch.optim.Optimizer, 
 
 def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
     """The algorithm a (resolved) config describes, over ``model``, talking through ``comm``."""
-    s = spec(config.algorithm)
-    options = dict(average_buffers=config.average_buffers, optimizer_state=config.optimizer_state,
-                   skip_nonfinite=config.on_nonfinite == "skip")
+    s = spec(config.algorithm.name)
+    options = dict(average_buffers=config.round.average_buffers, optimizer_state=config.round.optimizer_state,
+                   skip_nonfinite=config.run.on_nonfinite == "skip")
     if s.averages_models:
-        options.update(participants=config.participants, participation_seed=config.seed,
-                       outer_optimizer=outer_optimizer(config), compression=config.compression)
-        if config.warmup_steps:
-            options.update(warmup_steps=config.warmup_steps)
-        if config.compression in LOWBIT:
-            options.update(error_feedback=config.error_feedback)
+        options.update(participants=config.round.participants, participation_seed=config.run.seed,
+                       outer_optimizer=outer_optimizer(config), compression=config.round.compression)
+        if config.round.warmup_steps:
+            options.update(warmup_steps=config.round.warmup_steps)
+        if config.round.compression in LOWBIT:
+            options.update(error_feedback=config.round.error_feedback)
         if streaming_rounds(config):
-            options.update(fragments=config.fragments, overlap=config.overlap, overlap_alpha=config.overlap_alpha,
-                           overlap_merge=config.overlap_merge)
-    return compose(config.algorithm, model, local_update(config, model), config.period, group=comm, **options)
+            options.update(fragments=config.round.fragments, overlap=config.round.overlap, overlap_alpha=config.round.overlap_alpha,
+                           overlap_merge=config.round.overlap_merge)
+    return compose(config.algorithm.name, model, local_update(config, model), config.round.period, group=comm, **options)
 

@@ -1,7 +1,7 @@
 """Sweep definitions: the named groups of runs behind the research questions, as data.
 
 A sweep is a plain function ``(epochs) -> [(run_name, TrainConfig), ...]`` registered with
-:func:`sweep`; it derives every run from a recipe with ``dataclasses.replace`` and owns nothing
+:func:`sweep`; it derives every run from a recipe with ``TrainConfig.replace`` and owns nothing
 else (running is :mod:`localclip.experiments.runner`'s, tables and figures are
 :mod:`localclip.experiments.report`'s). Its default ``epochs`` is what the research question
 needs; its first docstring line is what ``localclip sweep --list`` and the report print.
@@ -13,7 +13,6 @@ sweep's numbers the same whatever ``--jobs`` and whatever machine runs it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -109,18 +108,18 @@ def _sized(cfg: TrainConfig, recipe: str, evals_per_epoch: int) -> TrainConfig:
     keeps its config. A full PTB validation costs about as much as 250 worker-steps.
     """
     resolved = cfg.resolved()
-    per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.workers)
+    per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.algorithm.workers)
     period = communication_period(resolved) or 1
     every = max(period, round(per_worker / evals_per_epoch / period) * period)
-    return dataclasses.replace(cfg, eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH), threads=1)
+    return cfg.replace(eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH), threads=1)
 
 
 def _ptb(epochs: float, evals_per_epoch: int = 8, **changes) -> TrainConfig:
-    return _sized(dataclasses.replace(get_recipe("ptb-small"), epochs=epochs, **changes), "ptb-small", evals_per_epoch)
+    return _sized(get_recipe("ptb-small").replace(epochs=epochs, **changes), "ptb-small", evals_per_epoch)
 
 
 def _fmnist(epochs: float, evals_per_epoch: int = 4, **changes) -> TrainConfig:
-    return _sized(dataclasses.replace(get_recipe("fmnist-resnet"), epochs=epochs, **changes), "fmnist-resnet", evals_per_epoch)
+    return _sized(get_recipe("fmnist-resnet").replace(epochs=epochs, **changes), "fmnist-resnet", evals_per_epoch)
 
 
 @sweep("isweep")
@@ -174,7 +173,7 @@ def scenarios(epochs: float = 0.5) -> Plan:
     The final perplexities are what matter here, so 4 validations per epoch instead of 8.
     """
     base = get_recipe("ptb-small")
-    lr, gamma = base.lr * 0.1, base.gamma * 0.1
+    lr, gamma = base.local.lr * 0.1, base.local.gamma * 0.1
     ptb = functools.partial(_ptb, evals_per_epoch=4, workers=8)
     return [
         ("naive", ptb(epochs, algorithm="naive", period=1)),
@@ -255,9 +254,9 @@ def _converge(epochs: float, evals_per_epoch: int = 4, decay_start: float | None
 
     base = get_recipe(recipe)
     if decay_start is None:
-        decay_start = base.lr_decay_epochs[0] / base.epochs if base.lr_decay_epochs else 1.0
+        decay_start = base.schedule.lr_decay_epochs[0] / base.schedule.epochs if base.schedule.lr_decay_epochs else 1.0
     decay_epochs, decay = converge_schedule(epochs, decay_start)
-    cfg = dataclasses.replace(base, epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, **changes)
+    cfg = base.replace(epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, **changes)
     return _sized(cfg, recipe, evals_per_epoch)
 
 
@@ -289,11 +288,11 @@ def converge(epochs: float = 12.0) -> Plan:
     ``LOCAL_SGD_STABLE_LR`` with the same γ/η (``-lr5``). 4 validations per epoch.
     """
     base = get_recipe("ptb-converge")
-    seed2 = base.seed + 1
+    seed2 = base.run.seed + 1
     short = max(6.0, epochs / 2) if epochs >= 6 else epochs / 2
     stable = LOCAL_SGD_STABLE_LR
-    mom = dict(momentum=0.9, lr=base.lr * 0.1, gamma=base.gamma * 0.1)
-    at_stable = dict(lr=stable, gamma=base.gamma * stable / base.lr)
+    mom = dict(momentum=0.9, lr=base.local.lr * 0.1, gamma=base.local.gamma * 0.1)
+    at_stable = dict(lr=stable, gamma=base.local.gamma * stable / base.local.lr)
     # The order is the order of the questions: the headline pair first, so a sweep cut short by
     # the end of a session has answered the most.
     runs = [
@@ -361,7 +360,7 @@ def converge_lsgd(epochs: float = 2.0) -> Plan:
 
 
 def _dropout(value: float) -> dict:
-    return {**get_recipe("ptb-converge").model_options, "dropout": value}
+    return {**get_recipe("ptb-converge").workload.model_options, "dropout": value}
 
 
 # -- a fair comparison: both sides tuned on the same grid ------------------------------------------
@@ -420,10 +419,10 @@ def fair(epochs: float = 12.0) -> Plan:
     4 validations per epoch.
     """
     base = get_recipe("ptb-converge")
-    seed2 = base.seed + 1
+    seed2 = base.run.seed + 1
     naive = dict(algorithm="naive", period=1, gamma=NAIVE_BEST_GAMMA)
     celgc = dict(algorithm="celgc", gamma=CELGC_BEST_GAMMA)
-    mom = dict(momentum=0.9, lr=2.0, gamma=2.0 * base.gamma / base.lr)
+    mom = dict(momentum=0.9, lr=2.0, gamma=2.0 * base.local.gamma / base.local.lr)
     return [
         ("naive", _converge(epochs, **naive)),
         ("celgc-I32", _converge(epochs, period=32, **celgc)),
@@ -478,19 +477,19 @@ def streaming(epochs: float = 12.0) -> Plan:
     return [
         ("naive", _converge(epochs, algorithm="naive", period=1, gamma=NAIVE_BEST_GAMMA)),
         ("celgc-I8", _converge(epochs, **celgc)),
-        ("celgc-I8-P4-tau1", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1), eval_interval=0)),
+        ("celgc-I8-P4-tau1", _converge(epochs, **celgc, fragments=4, overlap=1).replace(eval_interval=0)),
         ("celgc-I8-int4", _converge(epochs, **celgc, compression="int4")),
         ("celgc-I8-int4-noef", _converge(epochs, **celgc, compression="int4", error_feedback=False)),
         ("celgc-I8-bf16", _converge(epochs, **celgc, compression="bf16")),
         # Which part of a streaming round costs quality: the fragments alone, and the overlap
         # with half of the local steps taken meanwhile kept (α = 0.5 instead of dropping them).
-        ("celgc-I8-P4", dataclasses.replace(_converge(epochs, **celgc, fragments=4), eval_interval=0)),
-        ("celgc-I8-P4-tau1-a0.5", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1, overlap_alpha=0.5), eval_interval=0)),
+        ("celgc-I8-P4", _converge(epochs, **celgc, fragments=4).replace(eval_interval=0)),
+        ("celgc-I8-P4-tau1-a0.5", _converge(epochs, **celgc, fragments=4, overlap=1, overlap_alpha=0.5).replace(eval_interval=0)),
         # ... and all of them kept: the average of the snapshot plus each worker's own steps since.
-        ("celgc-I8-P4-tau1-carry", dataclasses.replace(_converge(epochs, **celgc, fragments=4, overlap=1, overlap_merge="carry"), eval_interval=0)),
+        ("celgc-I8-P4-tau1-carry", _converge(epochs, **celgc, fragments=4, overlap=1, overlap_merge="carry").replace(eval_interval=0)),
         # The overlap at a longer period: its cost should shrink with the share of steps it touches.
         ("celgc-I32", _converge(epochs, **{**celgc, "period": 32})),
-        ("celgc-I32-P4-tau1", dataclasses.replace(_converge(epochs, **{**celgc, "period": 32}, fragments=4, overlap=1), eval_interval=0)),
+        ("celgc-I32-P4-tau1", _converge(epochs, **{**celgc, "period": 32}, fragments=4, overlap=1).replace(eval_interval=0)),
     ]
 
 
@@ -529,8 +528,8 @@ def awd_regime(epochs: float = 1.0) -> Plan:
     are logged every 10 steps over the first ``AWD_REGIME_STEPS`` steps (``epochs`` only bounds
     the run). One run; on one core about an hour and a half.
     """
-    cfg = dataclasses.replace(
-        get_recipe("ptb-awd"), algorithm="naive", epochs=epochs, max_steps=AWD_REGIME_STEPS, log_interval=10,
+    cfg = get_recipe("ptb-awd").replace(
+        algorithm="naive", epochs=epochs, max_steps=AWD_REGIME_STEPS, log_interval=10,
         eval_interval=0, threads=1, checkpoint_interval=50, asgd_patience=0,
     )
     return [("naive", cfg)]
@@ -574,7 +573,7 @@ def momentum_probe(epochs: float = 1.0) -> Plan:
     4 validations per epoch.
     """
     base = get_recipe("ptb-converge")
-    clip_norm = base.gamma / base.lr
+    clip_norm = base.local.gamma / base.local.lr
     runs = []
     for lr in MOMENTUM_PROBE_LRS:
         mom = dict(momentum=0.9, lr=lr, gamma=lr * clip_norm)
@@ -630,11 +629,11 @@ def gpt(epochs: float = 2.0) -> Plan:
     steps. Validation at the end of each epoch. 3 runs of ``epochs`` epochs (default 2: 908
     local steps per worker).
     """
-    base = dataclasses.replace(get_recipe("ptb-gpt-small"), epochs=epochs, threads=1)
+    base = get_recipe("ptb-gpt-small").replace(epochs=epochs, threads=1)
     return [
-        ("naive", dataclasses.replace(base, algorithm="naive", period=1)),
-        ("celgc-I8", dataclasses.replace(base, algorithm="celgc", period=8)),
-        ("local-sgd-I8", dataclasses.replace(base, algorithm="local-sgd", period=8, max_steps=GPT_LOCAL_SGD_STEPS)),
+        ("naive", base.replace(algorithm="naive", period=1)),
+        ("celgc-I8", base.replace(algorithm="celgc", period=8)),
+        ("local-sgd-I8", base.replace(algorithm="local-sgd", period=8, max_steps=GPT_LOCAL_SGD_STEPS)),
     ]
 
 
@@ -719,20 +718,20 @@ def gpt_parity(epochs: float = 10.0) -> Plan:
     """
     from localclip.recipes import converge_schedule, for_inner_optimizer
 
-    base = for_inner_optimizer("ptb-gpt-small", dataclasses.replace(get_recipe("ptb-gpt-small"), inner_optimizer="adamw"), set())
+    base = for_inner_optimizer("ptb-gpt-small", get_recipe("ptb-gpt-small").replace(inner_optimizer="adamw"), set())
     decay_epochs, decay = converge_schedule(epochs, 1 / 3)
-    per_worker = WORKER_STEPS_PER_EPOCH["ptb-gpt-small"] // base.workers
-    base = dataclasses.replace(base, epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, threads=1,
+    per_worker = WORKER_STEPS_PER_EPOCH["ptb-gpt-small"] // base.algorithm.workers
+    base = base.replace(epochs=epochs, lr_decay_epochs=decay_epochs, lr_decay=decay, threads=1,
                                eval_interval=GPT_PARITY_EVAL_INTERVAL, log_interval=max(1, per_worker // LOGS_PER_EPOCH),
                                checkpoint_interval=GPT_PARITY_EVAL_INTERVAL)
     diloco = dict(algorithm="celgc", outer_optimizer="nesterov", outer_lr=0.7, outer_momentum=0.9)
     runs = []
     for seed in GPT_PARITY_SEEDS:
         tag = "" if seed == GPT_PARITY_SEEDS[0] else f"-s{seed}"
-        runs.append((f"naive{tag}", dataclasses.replace(base, algorithm="naive", period=1, seed=seed)))
+        runs.append((f"naive{tag}", base.replace(algorithm="naive", period=1, seed=seed)))
         for period in GPT_PARITY_PERIODS:
-            runs.append((f"diloco-I{period}{tag}", dataclasses.replace(base, **diloco, period=period, seed=seed)))
-    runs.insert(3, ("avg-I32", dataclasses.replace(base, algorithm="celgc", period=32, seed=GPT_PARITY_SEEDS[0])))
+            runs.append((f"diloco-I{period}{tag}", base.replace(**diloco, period=period, seed=seed)))
+    runs.insert(3, ("avg-I32", base.replace(algorithm="celgc", period=32, seed=GPT_PARITY_SEEDS[0])))
     return runs
 
 

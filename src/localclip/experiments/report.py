@@ -25,7 +25,6 @@ import math
 import os
 import statistics
 from pathlib import Path
-from types import SimpleNamespace
 
 from localclip import jsonio
 from localclip.algorithms.build import ALGORITHMS
@@ -33,6 +32,7 @@ from localclip.averaging.codecs import LOWBIT, encoded_nbytes
 from localclip.errors import LocalclipError
 from localclip.experiments import mechanism
 from localclip.experiments.plans import SWEEPS, SweepError, plan, report_kind
+from localclip.train.config import flat_view
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
@@ -93,7 +93,7 @@ def _modelled(record: dict, train: list[dict]) -> float:
 
 def _load_finished(folder: Path) -> dict:
     summary = jsonio.loads((folder / "summary.json").read_text())
-    config = jsonio.loads((folder / "config.json").read_text())
+    config = flat_view(jsonio.loads((folder / "config.json").read_text()))  # flat or in sections
     records = _records(folder)
     train = [r for r in records if "train/loss" in r]
     return {"summary": summary, "config": config, "train": train, "val": [r for r in records if any(k.startswith("val/") for k in r)]}
@@ -104,7 +104,7 @@ def _period(config: dict) -> int | None:
     spec = ALGORITHMS.get(config.get("algorithm"))
     if spec is None:
         return None
-    return spec.period(SimpleNamespace(workers=config.get("workers", 1), period=config.get("period")))
+    return spec.period(config.get("workers", 1), config.get("period"))
 
 
 def _row(run: str, data: dict) -> dict:

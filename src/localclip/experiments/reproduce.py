@@ -16,7 +16,6 @@ prints one line per run and fails if any run differs.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import tempfile
@@ -64,8 +63,8 @@ def check_run(folder: Path, data_root: str | None = None) -> dict:
         raise LocalclipError(f"{folder}: no training record in metrics.jsonl to check against")
     # Only the budget, the evaluation's length and where the data lies change: none of them moves
     # a training number up to the checked step.
-    config = dataclasses.replace(
-        config, max_steps=int(first["step"]), eval_tokens=2000, loggers=[], data_root=data_root or config.data_root,
+    config = config.replace(
+        max_steps=int(first["step"]), eval_tokens=2000, loggers=[], data_root=data_root or config.workload.data_root,
         stop_on_divergence=False,
     )
     with tempfile.TemporaryDirectory(prefix="localclip-check-") as tmp:

@@ -19,7 +19,6 @@ changes a number: a sweep's results are the same whatever ``jobs``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -99,8 +98,8 @@ def _write_status(path: Path, name: str, runs: Plan, selected: list[str], status
     for run_name, cfg in runs:
         resolved = cfg.resolved()
         entry = {
-            "name": run_name, "algorithm": resolved.algorithm, "workers": resolved.workers, "period": resolved.period,
-            "epochs": resolved.epochs, "selected": run_name in selected, "status": _folder_state(path.parent / run_name),
+            "name": run_name, "algorithm": resolved.algorithm.name, "workers": resolved.algorithm.workers, "period": resolved.round.period,
+            "epochs": resolved.schedule.epochs, "selected": run_name in selected, "status": _folder_state(path.parent / run_name),
         }
         entry.update(status.get(run_name, {}))
         entries.append(entry)
@@ -139,7 +138,7 @@ def run_sweep(
         _check_jobs(jobs)
     changes = {k: v for k, v in (("max_steps", max_steps), ("data_root", data_root)) if v is not None}
     # Every config as it will run, checked before anything is written (a bad override fails here).
-    runs = [(run, apply_overrides(dataclasses.replace(cfg, **changes), list(overrides))) for run, cfg in plan(name, epochs)]
+    runs = [(run, apply_overrides(cfg.replace(**changes), list(overrides))) for run, cfg in plan(name, epochs)]
     for _, cfg in runs:
         cfg.resolved()
     selected = select(name, runs, only)
@@ -375,8 +374,8 @@ def _epochs_note(run: RunFolder, cfg: TrainConfig) -> str:
         done = jsonio.loads(run.config_path.read_text()).get("epochs")
     except (OSError, json.JSONDecodeError):
         return ""
-    if done != cfg.epochs:
-        return f" (it ran {done} epochs, the plan now says {cfg.epochs}: delete {run.path} to redo it)"
+    if done != cfg.schedule.epochs:
+        return f" (it ran {done} epochs, the plan now says {cfg.schedule.epochs}: delete {run.path} to redo it)"
     return ""
 
 
@@ -384,40 +383,40 @@ def _short(cfg: TrainConfig) -> str:
     r = cfg.resolved()
     every = communication_period(r)
     period = "" if every is None else f" I={every}"
-    text = f"{r.algorithm} N={r.workers}{period} η={r.lr:g} γ={r.gamma:g} epochs={r.epochs:g}"
-    if r.lr_decay_epochs:
-        text += f" decay×{r.lr_decay:.3g}@{r.lr_decay_epochs[0]}..{r.lr_decay_epochs[-1]}"
-    if r.model_options.get("dropout"):
-        text += f" dropout={r.model_options['dropout']:g}"
-    if r.model_options.get("norm"):
-        text += f" norm={r.model_options['norm']}"
-    if r.momentum:
-        text += f" μ={r.momentum:g}"
-    if r.heterogeneous:
+    text = f"{r.algorithm.name} N={r.algorithm.workers}{period} η={r.local.lr:g} γ={r.local.gamma:g} epochs={r.schedule.epochs:g}"
+    if r.schedule.lr_decay_epochs:
+        text += f" decay×{r.schedule.lr_decay:.3g}@{r.schedule.lr_decay_epochs[0]}..{r.schedule.lr_decay_epochs[-1]}"
+    if r.workload.model_options.get("dropout"):
+        text += f" dropout={r.workload.model_options['dropout']:g}"
+    if r.workload.model_options.get("norm"):
+        text += f" norm={r.workload.model_options['norm']}"
+    if r.local.momentum:
+        text += f" μ={r.local.momentum:g}"
+    if r.workload.heterogeneous:
         text += " heterogeneous"
-    if r.participants:
-        text += f" K={r.participants}"
-        if r.non_participants == "idle":
+    if r.round.participants:
+        text += f" K={r.round.participants}"
+        if r.round.non_participants == "idle":
             text += " idle"
-    if r.seed != 2020:
-        text += f" seed={r.seed}"
-    if r.inner_optimizer != "clipped_sgd":
-        text += f" {r.inner_optimizer}(clip={r.max_grad_norm:g})"
-    if r.outer_optimizer != "none":
-        text += f" outer={r.outer_optimizer}(lr={r.outer_lr:g}{' decaying' if r.outer_lr_decay else ''}, μ={r.outer_momentum:g})"
-    if r.warmup_steps:
-        text += f" warmup={r.warmup_steps}"
-    if r.asgd_patience:
-        text += f" asgd(patience={r.asgd_patience})"
-    if r.compression != "none":
-        text += f" compression={r.compression}" + ("" if r.error_feedback or r.compression not in LOWBIT else " no-error-feedback")
-    if r.fragments != 1:
-        text += f" P={r.fragments}"
-    if r.overlap:
-        text += f" overlap={r.overlap}" + (f" α={r.overlap_alpha:g}" if r.overlap_alpha else "")
-        text += " carry" if r.overlap_merge == "carry" else ""
-    if r.max_steps:
-        text += f" max_steps={r.max_steps}"
+    if r.run.seed != 2020:
+        text += f" seed={r.run.seed}"
+    if r.local.inner_optimizer != "clipped_sgd":
+        text += f" {r.local.inner_optimizer}(clip={r.local.max_grad_norm:g})"
+    if r.round.outer_optimizer != "none":
+        text += f" outer={r.round.outer_optimizer}(lr={r.round.outer_lr:g}{' decaying' if r.round.outer_lr_decay else ''}, μ={r.round.outer_momentum:g})"
+    if r.round.warmup_steps:
+        text += f" warmup={r.round.warmup_steps}"
+    if r.evaluation.asgd_patience:
+        text += f" asgd(patience={r.evaluation.asgd_patience})"
+    if r.round.compression != "none":
+        text += f" compression={r.round.compression}" + ("" if r.round.error_feedback or r.round.compression not in LOWBIT else " no-error-feedback")
+    if r.round.fragments != 1:
+        text += f" P={r.round.fragments}"
+    if r.round.overlap:
+        text += f" overlap={r.round.overlap}" + (f" α={r.round.overlap_alpha:g}" if r.round.overlap_alpha else "")
+        text += " carry" if r.round.overlap_merge == "carry" else ""
+    if r.schedule.max_steps:
+        text += f" max_steps={r.schedule.max_steps}"
     return text
 
 

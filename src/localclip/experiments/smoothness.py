@@ -20,7 +20,6 @@ writes them.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -139,18 +138,18 @@ def probe_run(
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"Invalid steps: {steps!r} (expected an integer >= 1)")
     config, _ = run.read_config()
-    if config.task != "lm":
-        raise ConfigError(f"{run.path}: the smoothness probe handles language-model runs (task lm), not {config.task!r}")
+    if config.workload.task != "lm":
+        raise ConfigError(f"{run.path}: the smoothness probe handles language-model runs (task lm), not {config.workload.task!r}")
     notes = []
-    config_data_root = config.data_root
+    config_data_root = config.workload.data_root
     if data_root is not None:
-        config = dataclasses.replace(config, data_root=data_root)
-    elif config.data_root and not Path(config.data_root).expanduser().exists():
+        config = config.replace(data_root=data_root)
+    elif config.workload.data_root and not Path(config.workload.data_root).expanduser().exists():
         # A run's config keeps --data-root as given: a relative one means nothing from here, an
         # absolute one may be another machine's. The data then comes from where `train` looks.
         from localclip.data import resolve_data_root
 
-        config = dataclasses.replace(config, data_root=None)
+        config = config.replace(data_root=None)
         notes.append(f"the run's data_root ({config_data_root!r}, in {run.config_path}) does not exist from here; "
                      f"reading the data from {resolve_data_root(None)} (pass --data-root to choose)")
     checkpoints = _checkpoint_steps(run)
@@ -175,11 +174,11 @@ def probe_run(
     for label, step, epoch, state in sources:
         with torch.no_grad():
             model.load_state_dict(state)
-        factor = config.lr_decay ** sum(1 for e in config.lr_decay_epochs if epoch >= e)
-        lr, gamma = config.lr * factor, config.gamma * factor
+        factor = config.schedule.lr_decay ** sum(1 for e in config.schedule.lr_decay_epochs if epoch >= e)
+        lr, gamma = config.local.lr * factor, config.local.gamma * factor
         num_batches = workload.start_epoch(epoch)
         skip = step % max(1, num_batches)
-        hidden = model.init_hidden(config.batch_size)
+        hidden = model.init_hidden(config.workload.batch_size)
         for i, (batch, _) in enumerate(workload.batches()):
             if i < skip:
                 continue

@@ -1,15 +1,15 @@
 """Experiment recipes: plain functions returning a :class:`~localclip.train.config.TrainConfig`.
 
 Each recipe is documented by its docstring (its first line is what ``localclip recipes``
-prints); recipes derive from each other with ``dataclasses.replace``. A recipe's step size is
-for its own inner optimizer; a recipe may also carry settings for another one
-(``@recipe(name, adamw={...})``), which :func:`for_inner_optimizer` applies when the user
-switches to it. The paper's settings are in docs/algorithm.md.
+prints); recipes derive from each other with :meth:`~localclip.train.config.TrainConfig.replace`
+(fields by their flat names: ``period=32``). A recipe's step size is for its own inner optimizer;
+a recipe may also carry settings for another one (``@recipe(name, adamw={...})``), which
+:func:`for_inner_optimizer` applies when the user switches to it. The paper's settings are in
+docs/algorithm.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 
@@ -46,17 +46,17 @@ def for_inner_optimizer(name: str, config: TrainConfig, explicit: set[str]) -> T
     size is for its own optimizer (clipped SGD's 3.0 diverges as an AdamW lr).
     """
     own = get_recipe(name)
-    if config.inner_optimizer == own.inner_optimizer:
+    if config.local.inner_optimizer == own.local.inner_optimizer:
         return config
-    settings = INNER_SETTINGS.get(name, {}).get(config.inner_optimizer)
+    settings = INNER_SETTINGS.get(name, {}).get(config.local.inner_optimizer)
     if settings is None:
         if "lr" not in explicit:
             raise ConfigError(
-                f"Invalid inner_optimizer={config.inner_optimizer!r} without lr: recipe {name}'s lr={own.lr!r} is for "
-                f"{own.inner_optimizer} and it has no {config.inner_optimizer} settings; give --lr"
+                f"Invalid inner_optimizer={config.local.inner_optimizer!r} without lr: recipe {name}'s lr={own.local.lr!r} is for "
+                f"{own.local.inner_optimizer} and it has no {config.local.inner_optimizer} settings; give --lr"
             )
         return config
-    return dataclasses.replace(config, **{k: v for k, v in settings.items() if k not in explicit})
+    return config.replace(**{k: v for k, v in settings.items() if k not in explicit})
 
 
 def get_recipe(name: str) -> TrainConfig:
@@ -68,7 +68,7 @@ def get_recipe(name: str) -> TrainConfig:
 @recipe("ptb-small")
 def ptb_small() -> TrainConfig:
     """PTB, 2-layer 200-unit tied LSTM, 4 workers, I=8: a CELGC run that fits a 2-core CPU."""
-    return TrainConfig(
+    return TrainConfig().replace(
         task="lm", dataset="ptb", model="lstm",
         model_options=dict(emb_size=200, hidden_size=200, num_layers=2, dropout=0.0, tie_weights=True),
         algorithm="celgc", workers=4, period=8, lr=20.0, gamma=5.0, batch_size=5,
@@ -86,7 +86,7 @@ def ptb_quick() -> TrainConfig:
     batched (test batch 10, not the reference's 2), so its numbers are for this recipe only, not
     comparable with ptb-small's full-split ones.
     """
-    return dataclasses.replace(ptb_small(), epochs=0.05, eval_tokens=20_000, test_batch_size=10, log_interval=20)
+    return ptb_small().replace(epochs=0.05, eval_tokens=20_000, test_batch_size=10, log_interval=20)
 
 
 # The total decay of ptb-converge's lr and γ over the run: Zaremba et al.'s (2014) small-LSTM
@@ -122,8 +122,8 @@ def ptb_converge() -> TrainConfig:
     """
     base = ptb_small()
     decay_epochs, decay = converge_schedule(12.0, 1 / 3)
-    return dataclasses.replace(
-        base, model_options={**base.model_options, "dropout": 0.0}, workers=8, period=32, epochs=12.0,
+    return base.replace(
+        model_options={**base.workload.model_options, "dropout": 0.0}, workers=8, period=32, epochs=12.0,
         lr_decay_epochs=decay_epochs, lr_decay=decay, threads=1, checkpoint_interval=500,
     )
 
@@ -141,13 +141,13 @@ def wt2_converge() -> TrainConfig:
     """
     base = ptb_converge()
     decay_epochs, decay = converge_schedule(6.0, 1 / 3)
-    return dataclasses.replace(base, dataset="wikitext2", batch_size=10, epochs=6.0, lr_decay_epochs=decay_epochs, lr_decay=decay, seed=1882)
+    return base.replace(dataset="wikitext2", batch_size=10, epochs=6.0, lr_decay_epochs=decay_epochs, lr_decay=decay, seed=1882)
 
 
 @recipe("ptb-awd")
 def ptb_awd() -> TrainConfig:
     """PTB, AWD-LSTM (24M params), N=8, b=3, η=30, γ=7.5, I=2, 250 epochs: the paper's setting (GPUs)."""
-    return TrainConfig(
+    return TrainConfig().replace(
         task="lm", dataset="ptb", model="awd_lstm",
         model_options=dict(emb_size=400, hidden_size=1150, num_layers=3, dropout=0.4, dropout_h=0.25,
                            dropout_i=0.4, dropout_e=0.1, weight_drop=0.5, tie_weights=True),
@@ -162,9 +162,9 @@ def ptb_awd() -> TrainConfig:
 def wt2_awd() -> TrainConfig:
     """WikiText-2, AWD-LSTM, N=8, b=10, η=30, γ=7.5, I=2, 300 epochs: the paper's setting (GPUs)."""
     cfg = ptb_awd()
-    return dataclasses.replace(
-        cfg, dataset="wikitext2", batch_size=10, epochs=300.0, seed=1882,
-        model_options={**cfg.model_options, "dropout_h": 0.2},
+    return cfg.replace(
+        dataset="wikitext2", batch_size=10, epochs=300.0, seed=1882,
+        model_options={**cfg.workload.model_options, "dropout_h": 0.2},
     )
 
 
@@ -172,7 +172,7 @@ def wt2_awd() -> TrainConfig:
 @recipe("ptb-gpt-small", adamw=dict(lr=2e-3, betas=[0.9, 0.95], weight_decay=0.1, max_grad_norm=1.0, gamma=math.inf))
 def ptb_gpt_small() -> TrainConfig:
     """PTB, 2-layer 128-wide GPT (1.7M params, context 64), 4 workers, I=8, clipped SGD (or AdamW): fits a 2-core CPU."""
-    return TrainConfig(
+    return TrainConfig().replace(
         task="lm", dataset="ptb", model="gpt",
         model_options=dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.1),
         algorithm="celgc", workers=4, period=8, lr=LR_GPT_SMALL, gamma=GAMMA_GPT_SMALL, batch_size=8,
@@ -184,7 +184,7 @@ def ptb_gpt_small() -> TrainConfig:
 @recipe("wt2-gpt")
 def wt2_gpt() -> TrainConfig:
     """WikiText-2, 6-layer 512-wide GPT (36M params, context 256), N=8, AdamW clipped at 1.0, I=8, 20 epochs: GPU-sized."""
-    return TrainConfig(
+    return TrainConfig().replace(
         task="lm", dataset="wikitext2", model="gpt",
         model_options=dict(n_layer=6, n_head=8, n_embd=512, block_size=256, dropout=0.2),
         algorithm="celgc", workers=8, period=8, inner_optimizer="adamw", lr=6e-4, betas=[0.9, 0.95],
@@ -196,7 +196,7 @@ def wt2_gpt() -> TrainConfig:
 @recipe("fmnist-resnet")
 def fmnist_resnet() -> TrainConfig:
     """Fashion-MNIST, ResNet-8 with BatchNorm, N=8, b=16, η=0.1, γ=1 (the paper's CIFAR-10 step), I=8."""
-    return TrainConfig(
+    return TrainConfig().replace(
         task="image", dataset="fashion-mnist", model="resnet8", algorithm="celgc", workers=8, period=8,
         lr=0.1, gamma=1.0, weight_decay=5e-4, batch_size=16, epochs=2.0, seed=2020,
         log_interval=50, checkpoint_interval=500,
@@ -206,8 +206,8 @@ def fmnist_resnet() -> TrainConfig:
 @recipe("cifar10-resnet32")
 def cifar10_resnet32() -> TrainConfig:
     """CIFAR-10, ResNet-32, N=8, b=16, η=0.1, γ=1, wd 5e-4, decay ×0.1 at 80/120 of 160 epochs (needs torchvision)."""
-    return dataclasses.replace(
-        fmnist_resnet(), dataset="cifar10", model="resnet32", epochs=160.0, lr_decay_epochs=[80, 120],
+    return fmnist_resnet().replace(
+        dataset="cifar10", model="resnet32", epochs=160.0, lr_decay_epochs=[80, 120],
     )
 
 

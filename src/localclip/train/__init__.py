@@ -45,20 +45,20 @@ def run_training(
     from localclip import devices
 
     config = config.resolved()
-    devices.check_available(config.device)
-    if config.device.startswith("cuda:") and runtime != "simulate" and config.workers > 1:
-        raise ConfigError(f"Invalid device: {config.device!r} with runtime={runtime} (each worker process takes its own GPU: use cuda or auto)")
+    devices.check_available(config.run.device)
+    if config.run.device.startswith("cuda:") and runtime != "simulate" and config.algorithm.workers > 1:
+        raise ConfigError(f"Invalid device: {config.run.device!r} with runtime={runtime} (each worker process takes its own GPU: use cuda or auto)")
     check_model(config)
     out = str(Path(out).resolve())
     config_json = run_config_json(config)
     if runtime not in launch.RUNTIMES:
         raise ConfigError(f"Invalid --runtime: {runtime!r} (expected one of {', '.join(launch.RUNTIMES)})")
-    if config.non_participants == "idle" and runtime != "simulate":
+    if config.round.non_participants == "idle" and runtime != "simulate":
         raise ConfigError(f"Invalid --runtime: {runtime!r} with non_participants=idle (its slots run in the simulator: use simulate)")
     if runtime == "ft":
         return _run_ft(config, out, config_json, resume, progress)
     if runtime == "torchrun":
-        return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.timeout, backend=devices.backend_for(config.device))
+        return launch.torchrun(_torchrun_worker, config, out, resume, progress, timeout=config.run.timeout, backend=devices.backend_for(config.run.device))
     run = RunFolder(out)
     try:
         checkpoints = run.prepare(config_json, resume=resume)
@@ -68,10 +68,10 @@ def run_training(
         check_data(config)
         check_memory(config, runtime)  # reads the corpus for its size: after it is known to be there
         run.begin(config_json, resuming=bool(checkpoints))
-        backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.device)}
+        backend = {} if runtime == "simulate" else {"backend": devices.backend_for(config.run.device)}
         try:
             with interrupt.catch():
-                results = launch.run_workers(runtime, run_worker, group_size(config), config, out, checkpoints, progress, timeout=config.timeout, **backend)
+                results = launch.run_workers(runtime, run_worker, group_size(config), config, out, checkpoints, progress, timeout=config.run.timeout, **backend)
         except BaseException:
             run.remove_created()  # a run that failed before its first record leaves no folder behind
             raise
@@ -93,22 +93,22 @@ def _run_ft(config: TrainConfig, out: str, config_json: str, resume: bool, progr
     from localclip.algorithms import build as algorithms
 
     def bad(name, why):
-        raise ConfigError(f"Invalid {name}: {getattr(config, name)!r} ({why})")
+        raise ConfigError(f"Invalid {name}: {config.value(name)!r} ({why})")
 
     algorithms.check_membership(config, bad, what="--runtime ft")
-    if config.fail:
-        raise ConfigError(f"Invalid fail: {config.fail} with --runtime ft: failure plans run in the simulator (--runtime simulate)")
+    if config.algorithm.fail:
+        raise ConfigError(f"Invalid fail: {config.algorithm.fail} with --runtime ft: failure plans run in the simulator (--runtime simulate)")
     _check_corpus(config)
     check_data(config)
     single = bool(os.environ.get("TORCHFT_LIGHTHOUSE"))
-    ranks = [int(os.environ.get("LOCALCLIP_REPLICA", "0"))] if single else range(config.workers)
+    ranks = [int(os.environ.get("LOCALCLIP_REPLICA", "0"))] if single else range(config.algorithm.workers)
     for rank in ranks:  # every folder checked before any worker starts (prepare touches nothing)
         folder = RunFolder(replica_folder(out, rank))
         try:
             folder.prepare(config_json, resume=resume)
         finally:
             folder.release()
-    results = launch.run_workers("ft", _ft_worker, config.workers, config, out, config_json, resume, progress, timeout=config.timeout)
+    results = launch.run_workers("ft", _ft_worker, config.algorithm.workers, config, out, config_json, resume, progress, timeout=config.run.timeout)
     return next((r for r in results if r is not None), None)
 
 
@@ -142,9 +142,9 @@ def _check_corpus(config: TrainConfig) -> None:
 
     from localclip import data
 
-    if config.task != "lm" or config.dataset not in data.CORPORA:
+    if config.workload.task != "lm" or config.workload.dataset not in data.CORPORA:
         return
-    for note in data.verify_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus):
+    for note in data.verify_corpus(config.workload.dataset, config.workload.data_root, allow_custom=config.workload.allow_custom_corpus):
         print(f"localclip: warning: {note}", file=sys.stderr, flush=True)
 
 

@@ -28,27 +28,27 @@ _MIB, _GIB = 1 << 20, 1 << 30
 def group_size(config: TrainConfig) -> int:
     """The workers a run keeps in memory at once: N, or K slots with idle non-participants
     (:mod:`localclip.train.roster`)."""
-    return config.participants if config.non_participants == "idle" else config.workers
+    return config.round.participants if config.round.non_participants == "idle" else config.algorithm.workers
 
 
 def worker_bytes(config: TrainConfig) -> int:
     """About how many bytes one worker of ``config`` holds (see the module docstring)."""
     from localclip.models import build_model
 
-    if config.task == "lm":
+    if config.workload.task == "lm":
         from localclip import data
         from localclip.train.workloads import _LM_MODELS
 
-        corpus = data.load_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus, warn=False)
+        corpus = data.load_corpus(config.workload.dataset, config.workload.data_root, allow_custom=config.workload.allow_custom_corpus, warn=False)
         ntoken, tokens = len(corpus.vocab), corpus.train.numel()
         with torch.device("meta"):
-            model = build_model(_LM_MODELS[config.model], ntoken=ntoken, **config.model_options)
-        batch = config.batch_size * config.bptt * ntoken * 4
+            model = build_model(_LM_MODELS[config.workload.model], ntoken=ntoken, **config.workload.model_options)
+        batch = config.workload.batch_size * config.workload.bptt * ntoken * 4
         data_bytes = tokens * 8
     else:
-        channels = 1 if config.dataset == "fashion-mnist" else 3
+        channels = 1 if config.workload.dataset == "fashion-mnist" else 3
         with torch.device("meta"):
-            model = build_model(config.model, num_classes=10, in_channels=channels, **config.model_options)
+            model = build_model(config.workload.model, num_classes=10, in_channels=channels, **config.workload.model_options)
         batch, data_bytes = 0, 0
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     return 10 * params + 4 * batch + data_bytes
@@ -88,13 +88,13 @@ def check_memory(config: TrainConfig, runtime: str) -> None:
     need = n * each + PROCESS_BYTES
     if need <= limit:
         return
-    held = f"{n} workers in memory" if n == config.workers else f"{n} of {config.workers} workers in memory"
+    held = f"{n} workers in memory" if n == config.algorithm.workers else f"{n} of {config.algorithm.workers} workers in memory"
     hint = ""
-    if config.non_participants == "train" and config.participants is not None and config.participants < config.workers:
-        hint = f"; with --set non_participants=idle only the {config.participants} sampled workers would be held"
-    elif n == config.workers and config.algorithm in ("celgc", "local-sgd"):
+    if config.round.non_participants == "train" and config.round.participants is not None and config.round.participants < config.algorithm.workers:
+        hint = f"; with --set non_participants=idle only the {config.round.participants} sampled workers would be held"
+    elif n == config.algorithm.workers and config.algorithm.name in ("celgc", "local-sgd"):
         hint = "; fewer workers, or --set participants=K --set non_participants=idle to hold only K"
     raise ConfigError(
-        f"Invalid workers: {config.workers} (the run needs about {need / _GIB:.1f} GiB, {held} x {each / _MIB:.0f} MiB, "
+        f"Invalid workers: {config.algorithm.workers} (the run needs about {need / _GIB:.1f} GiB, {held} x {each / _MIB:.0f} MiB, "
         f"more than the {limit / _GIB:.1f} GiB this machine has available{hint})"
     )

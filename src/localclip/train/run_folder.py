@@ -190,7 +190,11 @@ class RunFolder:
             saved = jsonio.loads(self.config_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise RunFolderError(f"Unreadable run config {self.config_path}: {exc}") from exc
-        new = jsonio.loads(config_json)
+        # Compared under the flat names, so that a run whose config.json is flat (as the runs
+        # committed under results/ are) compares with a config in sections field by field.
+        from localclip.train.config import flat_view
+
+        saved, new = flat_view(saved), flat_view(jsonio.loads(config_json))
         other = other_code(saved.get("provenance"), new.get("provenance"))
         if other:
             raise RunFolderError(f"--resume under other code than the run in {self.path} was started by: {other}; "
@@ -434,6 +438,6 @@ def _step_of(name: str) -> float:
 
 
 def _config_defaults() -> dict:
-    from localclip.train.config import TrainConfig
+    from localclip.train.config import TrainConfig, flat_view
 
-    return jsonio.loads(TrainConfig().to_json())
+    return flat_view(jsonio.loads(TrainConfig().to_json()))

@@ -75,24 +75,24 @@ class Trainer:
         # of its own between rounds whose membership changes.
         self.control = getattr(self.comm, "control", self.comm)
         # With idle non-participants the group is the K slots that play the sampled workers.
-        self.roster = Roster(config.workers, config.participants, config.seed) if config.non_participants == "idle" else None
-        group = config.workers if self.roster is None else self.roster.slots
+        self.roster = Roster(config.algorithm.workers, config.round.participants, config.run.seed) if config.round.non_participants == "idle" else None
+        group = config.algorithm.workers if self.roster is None else self.roster.slots
         if self.world_size != group:
             raise ConfigError(f"rank {self.rank}: the config asks for {group} workers but the group has {self.world_size}")
         # Every rank writes its own checkpoint file; rank 0 alone writes the shared files.
         self.run_folder = run_folder
         self.run = run_folder if self.control.rank == 0 else None
-        self.device = devices.resolve(config.device)
+        self.device = devices.resolve(config.run.device)
         self.workload = make_workload(config, self.comm, self.device)
         if self.roster is not None:
-            self.workload.workers = config.workers
+            self.workload.workers = config.algorithm.workers
         self.workload.eval_comm = self.control
         self.model = self.workload.model
         self.model.train()
         self.algorithm = build_algorithm(config, self.model, self.comm)
         # The worker's own stream for everything random in its steps (dropout masks): seeded
         # from (seed, rank) alone, so no runtime or thread interleaving can change a draw.
-        self.generator = rng.worker_generator(config.seed, self.rank, device=self.device)
+        self.generator = rng.worker_generator(config.run.seed, self.rank, device=self.device)
         rng.set_generator(self.model, self.generator)
         self.progress = progress and self.rank == 0
         self.step = 0
@@ -103,15 +103,15 @@ class Trainer:
         self._state_diverged = False
         self._bar = None  # the progress bar (rank 0, with progress on)
         # Owners of what the loop only calls: the step decay and the NT-ASGD-like average.
-        outer = self.algorithm.averager.outer if config.outer_lr_decay else None
-        self.step_size = StepDecay(self.algorithm, config.lr, config.gamma, config.lr_decay_epochs, config.lr_decay, outer=outer)
-        self.epoch_average = EpochAverage(self.model, config.asgd_patience)
+        outer = self.algorithm.averager.outer if config.round.outer_lr_decay else None
+        self.step_size = StepDecay(self.algorithm, config.local.lr, config.local.gamma, config.schedule.lr_decay_epochs, config.schedule.lr_decay, outer=outer)
+        self.epoch_average = EpochAverage(self.model, config.evaluation.asgd_patience)
         # Streaming rounds leave the workers at different models inside an epoch: what an
         # evaluation there scores is their mean, made for it alone.
         self.live_mean = LiveMean(self.model, self.comm)
         self._streaming = self.world_size > 1 and streaming_rounds(config)
         # A failure plan (simulator): who is away at each step and in each round, and the heals.
-        self.membership = self._failure_plan() if config.fail else None
+        self.membership = self._failure_plan() if config.algorithm.fail else None
         self._healed: dict | None = None  # a fault-tolerant joiner's counters, restored at its epoch's start
         self._joining = False
         if getattr(self.comm, "membership", None) is not None:
@@ -119,22 +119,22 @@ class Trainer:
             self.membership.attach(self._heal_state, self._heal_from_peer)
             self.algorithm.averager.use_membership(self.membership)
         self.metrics = RunMetrics(self.model, self.algorithm, self.control, self.device, run=self.run, metric=self.workload.metric)
-        self.checkpointer = Checkpointer(run_folder, self.control, interval=config.checkpoint_interval, keep=config.keep_checkpoints)
+        self.checkpointer = Checkpointer(run_folder, self.control, interval=config.run.checkpoint_interval, keep=config.run.keep_checkpoints)
         self._eval_cache: dict = {}
         self.position, self._num_batches = 0, 1  # batches done in this epoch, of how many
         # Agreement points for a stop request: where the algorithm communicates anyway, and at
         # least every stop_check_interval steps, so that a long period (I = 256 is minutes of
         # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
         every = self.algorithm.period
-        self._agree_every = min(every, config.stop_check_interval) if config.stop_check_interval else every
+        self._agree_every = min(every, config.run.stop_check_interval) if config.run.stop_check_interval else every
 
     def _failure_plan(self):
         """The config's failure plan over this simulated worker (:mod:`localclip.comm.membership`)."""
         from localclip.comm.membership import PlannedMembership, parse_plan
 
         if not hasattr(self.comm, "world"):
-            raise ConfigError(f"rank {self.rank}: fail={self.config.fail} is a plan for the simulator: run it with --runtime simulate")
-        membership = PlannedMembership(parse_plan(self.config.fail), self.comm, self.config.period)
+            raise ConfigError(f"rank {self.rank}: fail={self.config.algorithm.fail} is a plan for the simulator: run it with --runtime simulate")
+        membership = PlannedMembership(parse_plan(self.config.algorithm.fail), self.comm, self.config.round.period)
         membership.attach(self._heal_state, self._heal)
         self.algorithm.averager.use_membership(membership)
         return membership
@@ -156,7 +156,7 @@ class Trainer:
             self.model.load_state_dict(state["model"])
         self.algorithm.load_state_dict(state["algorithm"])
         step = self.algorithm.averager.step_count
-        self.generator.manual_seed(rng.derive_seed(self.config.seed, self.rank, "rejoin", step))
+        self.generator.manual_seed(rng.derive_seed(self.config.run.seed, self.rank, "rejoin", step))
 
     def _heal_from_peer(self, state: dict) -> None:
         """A fault-tolerant joiner takes its peer's state: the model and the algorithm's now (the
@@ -212,7 +212,7 @@ class Trainer:
         self.metrics.gradients_ready(sample_mean=sample_mean_gradient)
         self.algorithm.step()
         self.metrics.step_taken()
-        if self.config.on_nonfinite == "raise" and int(self.algorithm.optimizer.skipped_steps):
+        if self.config.run.on_nonfinite == "raise" and int(self.algorithm.optimizer.skipped_steps):
             # Opting in to "raise" costs one host read per step (free on the CPU).
             raise NonFiniteError(f"rank {self.rank}: non-finite gradient at step {self.step + 1} (loss {reported.item():.4g})")
         return reported.detach()
@@ -232,17 +232,17 @@ class Trainer:
     # -- the schedule --------------------------------------------------------------------------
 
     def _epoch_limit(self, epoch: int, num_batches: int) -> int:
-        whole = math.floor(self.config.epochs)
+        whole = math.floor(self.config.schedule.epochs)
         if epoch < whole:
             return num_batches
-        return max(1, round((self.config.epochs - whole) * num_batches))
+        return max(1, round((self.config.schedule.epochs - whole) * num_batches))
 
     @property
     def num_epochs(self) -> int:
-        return math.ceil(self.config.epochs)
+        return math.ceil(self.config.schedule.epochs)
 
     def _budget_spent(self) -> bool:
-        return self.config.max_steps is not None and self.step >= self.config.max_steps
+        return self.config.schedule.max_steps is not None and self.step >= self.config.schedule.max_steps
 
     def train(self) -> dict | None:
         """Run to the end of the schedule (or ``max_steps``); return the summary on rank 0.
@@ -324,8 +324,8 @@ class Trainer:
             "time/seconds": time.perf_counter() - start,
             "time/compute": self.metrics.time_compute,
             "time/comm": self.metrics.time_comm,
-            "algorithm": cfg.algorithm,
-            "workers": cfg.workers,
+            "algorithm": cfg.algorithm.name,
+            "workers": cfg.algorithm.workers,
             "period": self.algorithm.period,
             "provenance": code_version(),
         }
@@ -348,7 +348,7 @@ class Trainer:
                 # Sampled: the last step of each logging interval and of each epoch (whose last
                 # interval is logged early); not where a budget cuts the run, which a run with a
                 # larger budget passes without a sample.
-                last = (self.step + 1) % cfg.log_interval == 0 or self.position >= self._num_batches
+                last = (self.step + 1) % cfg.run.log_interval == 0 or self.position >= self._num_batches
                 loss = self.train_step(batch, scale, sample_mean_gradient=last)
             self.step += 1
             if self._rounds() != rounds:
@@ -357,9 +357,9 @@ class Trainer:
                 self.metrics.count_loss(loss)
             if bar is not None:
                 bar.update(1)
-            if self.step % cfg.log_interval == 0:
+            if self.step % cfg.run.log_interval == 0:
                 self._log_train(bar)
-            if cfg.eval_interval and self.step % cfg.eval_interval == 0:
+            if cfg.evaluation.eval_interval and self.step % cfg.evaluation.eval_interval == 0:
                 self._log_eval(splits=("valid",), live_mean=self._streaming)
             if self.position >= limit or self._budget_spent() or self.diverged_at is not None:
                 return
@@ -418,7 +418,7 @@ class Trainer:
     def _planned_steps(self, num_batches: int) -> int:
         """Local steps of the whole schedule (every epoch has the same number of batches)."""
         total = sum(self._epoch_limit(e, num_batches) for e in range(self.num_epochs))
-        return total if self.config.max_steps is None else min(total, self.config.max_steps)
+        return total if self.config.schedule.max_steps is None else min(total, self.config.schedule.max_steps)
 
     def _progress_bar(self):
         if not self.progress:
@@ -427,13 +427,13 @@ class Trainer:
             from tqdm.auto import tqdm
         except ImportError:
             return None
-        total = self.config.max_steps
-        self._bar = tqdm(total=total, initial=self.step, desc=f"{self.config.algorithm} N={self.config.workers}{self._participants_label()} I={self.config.period}", unit="step", dynamic_ncols=True, leave=False)
+        total = self.config.schedule.max_steps
+        self._bar = tqdm(total=total, initial=self.step, desc=f"{self.config.algorithm.name} N={self.config.algorithm.workers}{self._participants_label()} I={self.config.round.period}", unit="step", dynamic_ncols=True, leave=False)
         return self._bar
 
     def _participants_label(self) -> str:
-        k = self.config.participants
-        return "" if k is None or k >= self.config.workers else f" K={k}"
+        k = self.config.round.participants
+        return "" if k is None or k >= self.config.algorithm.workers else f" K={k}"
 
     # -- metrics -------------------------------------------------------------------------------
 
@@ -444,7 +444,7 @@ class Trainer:
 
     def _end_of_epoch_eval(self) -> None:
         result = self._log_eval(splits=("valid",))
-        if self.config.asgd_patience == 0 or self.workload.metric != "ppl":
+        if self.config.evaluation.asgd_patience == 0 or self.workload.metric != "ppl":
             return
         self.epoch_average.end_of_epoch(result["val/ppl"])
 
@@ -475,7 +475,7 @@ class Trainer:
                         result[f"{prefix}/{k}"] = v
         self.metrics.log_evaluation(self.step, self.epoch_progress(), result, moved, final=final)
         self._state_diverged = _diverged(result)
-        if self.config.stop_on_divergence and self.diverged_at is None and self._state_diverged:
+        if self.config.evaluation.stop_on_divergence and self.diverged_at is None and self._state_diverged:
             self.diverged_at = self.step
         return result
 
@@ -527,9 +527,9 @@ def run_worker(config: TrainConfig, run_path: str | None, checkpoints: list[dict
     ``checkpoints``: the run folder's kept checkpoint sets, newest first, to resume from the
     newest one that loads on every worker (empty or None: a fresh run).
     """
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    run = RunFolder(run_path, loggers=config.loggers) if run_path is not None else None
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    run = RunFolder(run_path, loggers=config.run.loggers) if run_path is not None else None
     trainer = Trainer(config, run, progress=progress)
     if checkpoints:
         entry, state = agree_on_checkpoint(trainer.control, run, checkpoints)

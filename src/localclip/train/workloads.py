@@ -30,26 +30,26 @@ _IMAGE_CHANNELS = {"fashion-mnist": 1, "cifar10": 3}
 def check_model(config: TrainConfig) -> None:
     """Refuse a model name or ``model_options`` that the workload could not build, before a run
     folder is written (the vocabulary size is not known yet: any positive one checks the rest)."""
-    if config.task == "lm":
-        name = _LM_MODELS.get(config.model)
+    if config.workload.task == "lm":
+        name = _LM_MODELS.get(config.workload.model)
         if name is None:
-            raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm or awd_lstm)")
-        check_model_options(name, config.model_options, ntoken=10)
+            raise ConfigError(f"Invalid model for the lm task: {config.workload.model!r} (expected lstm or awd_lstm)")
+        check_model_options(name, config.workload.model_options, ntoken=10)
         return
-    if not config.model.startswith("resnet"):
-        raise ConfigError(f"Invalid model for the image task: {config.model!r} (expected resnetD, e.g. resnet20)")
-    supplied = dict(num_classes=10, in_channels=_IMAGE_CHANNELS.get(config.dataset, 3))
-    check_model_options(config.model, config.model_options, **supplied)
+    if not config.workload.model.startswith("resnet"):
+        raise ConfigError(f"Invalid model for the image task: {config.workload.model!r} (expected resnetD, e.g. resnet20)")
+    supplied = dict(num_classes=10, in_channels=_IMAGE_CHANNELS.get(config.workload.dataset, 3))
+    check_model_options(config.workload.model, config.workload.model_options, **supplied)
 
 
 def check_data(config: TrainConfig) -> None:
     """Refuse an image run whose data or optional dependency is missing, before a run folder is
     written (the corpora of language-model runs are checked by ``run_training``)."""
-    if config.task != "image":
+    if config.workload.task != "image":
         return
-    if config.dataset == "fashion-mnist":
-        data.images.check_fashion_mnist(config.data_root)
-    elif config.dataset == "cifar10":
+    if config.workload.dataset == "fashion-mnist":
+        data.images.check_fashion_mnist(config.workload.data_root)
+    elif config.workload.dataset == "cifar10":
         import importlib.util
 
         if importlib.util.find_spec("torchvision") is None:
@@ -58,7 +58,7 @@ def check_data(config: TrainConfig) -> None:
 
 def make_workload(config: TrainConfig, comm: Communicator, device: torch.device | str = "cpu"):
     """The workload of ``config``, its model on ``device`` (the batches move there in the trainer)."""
-    if config.task == "lm":
+    if config.workload.task == "lm":
         return LMWorkload(config, comm, device)
     return ImageWorkload(config, comm, device)
 
@@ -72,21 +72,21 @@ class LMWorkload:
         self.config, self.comm, self.device = config, comm, torch.device(device)
         # The group that shares an evaluation (a fault-tolerant worker evaluates alone).
         self.eval_comm = comm
-        if config.dataset not in data.CORPORA:
-            raise ConfigError(f"Invalid dataset for the lm task: {config.dataset!r} (expected one of {', '.join(data.CORPORA)})")
+        if config.workload.dataset not in data.CORPORA:
+            raise ConfigError(f"Invalid dataset for the lm task: {config.workload.dataset!r} (expected one of {', '.join(data.CORPORA)})")
         # Workers do not warn about a custom corpus: the launcher says it once (run_training).
-        self.corpus = data.load_corpus(config.dataset, config.data_root, allow_custom=config.allow_custom_corpus, warn=False)
+        self.corpus = data.load_corpus(config.workload.dataset, config.workload.data_root, allow_custom=config.workload.allow_custom_corpus, warn=False)
         self.ntokens = len(self.corpus.vocab)
-        name = _LM_MODELS.get(config.model)
+        name = _LM_MODELS.get(config.workload.model)
         if name is None:
-            raise ConfigError(f"Invalid model for the lm task: {config.model!r} (expected lstm, awd_lstm or gpt)")
+            raise ConfigError(f"Invalid model for the lm task: {config.workload.model!r} (expected lstm, awd_lstm or gpt)")
         # The same x0 on every worker: initial weights come from the run's seed alone.
-        with rng.seeded(config.seed):
-            self.model = build_model(name, ntoken=self.ntokens, **config.model_options)
+        with rng.seeded(config.run.seed):
+            self.model = build_model(name, ntoken=self.ntokens, **config.workload.model_options)
         self.model.to(self.device)
         if isinstance(self.model, GPT):
-            check_windows(self.model.block_size, variable=config.variable_bptt, bptt=config.bptt, eval_bptt=config.eval_bptt)
-        self.schedule = data.BPTTSchedule(config.bptt, seed=config.seed, variable=config.variable_bptt)
+            check_windows(self.model.block_size, variable=config.workload.variable_bptt, bptt=config.workload.bptt, eval_bptt=config.evaluation.eval_bptt)
+        self.schedule = data.BPTTSchedule(config.workload.bptt, seed=config.run.seed, variable=config.workload.variable_bptt)
         self.hidden = None
         self.stream = None
         # Whose shard this worker trains on, of how many: its own, unless it is a slot that plays
@@ -99,14 +99,14 @@ class LMWorkload:
     def _shard(self) -> torch.Tensor:
         return data.worker_shard(
             self.corpus.train, rank=self.worker, world_size=self.workers,
-            batch_size=self.config.batch_size, epoch=self.epoch, heterogeneous=self.config.heterogeneous,
+            batch_size=self.config.workload.batch_size, epoch=self.epoch, heterogeneous=self.config.workload.heterogeneous,
         )
 
     def start_epoch(self, epoch: int) -> int:
         """Prepare ``epoch``'s batches; returns how many there are (the same on every worker)."""
         self.epoch = epoch
         self.stream = data.LMBatchStream(self._shard(), self.schedule)
-        self.hidden = self.model.init_hidden(self.config.batch_size)
+        self.hidden = self.model.init_hidden(self.config.workload.batch_size)
         return len(self.stream)
 
     def play(self, worker: int, fresh: bool = True) -> None:
@@ -117,12 +117,12 @@ class LMWorkload:
         if self.stream is not None:
             self.stream.shard = self._shard()
         if fresh:
-            self.hidden = self.model.init_hidden(self.config.batch_size)
+            self.hidden = self.model.init_hidden(self.config.workload.batch_size)
 
     def batches(self):
         """The rest of the epoch's batches: ``(batch, lr_scale)``."""
         for x, y, seq_len in self.stream:
-            yield (x, y), self.schedule.lr_scale(seq_len) if self.config.variable_bptt else 1.0
+            yield (x, y), self.schedule.lr_scale(seq_len) if self.config.workload.variable_bptt else 1.0
 
     def loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective to differentiate, reported cross-entropy) for one batch."""
@@ -131,8 +131,8 @@ class LMWorkload:
         out = self.model(x, self.hidden)
         self.hidden = out.hidden
         ce = F.cross_entropy(out.logits.reshape(-1, self.ntokens), y.reshape(-1))
-        if self.config.ar_alpha or self.config.tar_beta:
-            return ce + ar_tar_penalty(out, self.config.ar_alpha, self.config.tar_beta), ce
+        if self.config.workload.ar_alpha or self.config.workload.tar_beta:
+            return ce + ar_tar_penalty(out, self.config.workload.ar_alpha, self.config.workload.tar_beta), ce
         return ce, ce
 
     @staticmethod
@@ -154,11 +154,11 @@ class LMWorkload:
         sizes; each worker evaluates a subset of the batch's independent columns.
         ``progress(fraction)`` is told how far this worker's part is, after each window."""
         source = self.corpus.split(split)
-        if self.config.eval_tokens:
-            source = source[: self.config.eval_tokens]
-        batch = self.config.eval_batch_size if split == "valid" else self.config.test_batch_size
+        if self.config.evaluation.eval_tokens:
+            source = source[: self.config.evaluation.eval_tokens]
+        batch = self.config.evaluation.eval_batch_size if split == "valid" else self.config.evaluation.test_batch_size
         columns = data.batchify(source, batch)[:, self.eval_comm.rank :: self.eval_comm.world_size]
-        bptt = self.config.eval_bptt or self.config.bptt
+        bptt = self.config.evaluation.eval_bptt or self.config.workload.bptt
         total = torch.zeros(2, dtype=torch.float64)
         if columns.size(1) > 0:
             was_training = self.model.training
@@ -191,26 +191,26 @@ class ImageWorkload:
         self.config, self.comm, self.device = config, comm, torch.device(device)
         # The group that shares an evaluation (a fault-tolerant worker evaluates alone).
         self.eval_comm = comm
-        if config.dataset == "fashion-mnist":
-            splits = data.load_fashion_mnist(config.data_root)
-        elif config.dataset == "cifar10":
-            splits = data.load_cifar10(config.data_root or data.resolve_data_root(None) / "cifar10", download=True)
+        if config.workload.dataset == "fashion-mnist":
+            splits = data.load_fashion_mnist(config.workload.data_root)
+        elif config.workload.dataset == "cifar10":
+            splits = data.load_cifar10(config.workload.data_root or data.resolve_data_root(None) / "cifar10", download=True)
         else:
-            raise ConfigError(f"Invalid dataset for the image task: {config.dataset!r} (expected fashion-mnist or cifar10)")
+            raise ConfigError(f"Invalid dataset for the image task: {config.workload.dataset!r} (expected fashion-mnist or cifar10)")
         self.train_set, self.test_set = data.ImageDataset.from_splits(splits)
-        if not config.model.startswith("resnet"):
-            raise ConfigError(f"Invalid model for the image task: {config.model!r} (expected resnetD, e.g. resnet20)")
+        if not config.workload.model.startswith("resnet"):
+            raise ConfigError(f"Invalid model for the image task: {config.workload.model!r} (expected resnetD, e.g. resnet20)")
         channels = self.train_set.images.shape[1]
-        with rng.seeded(config.seed):
-            self.model = build_model(config.model, num_classes=10, in_channels=channels, **config.model_options)
+        with rng.seeded(config.run.seed):
+            self.model = build_model(config.workload.model, num_classes=10, in_channels=channels, **config.workload.model_options)
         self.model.to(self.device)
         indices = None
-        if config.heterogeneous:
-            parts = data.label_skew_partition(self.train_set.labels, comm.world_size, config.similarity, config.seed)
+        if config.workload.heterogeneous:
+            parts = data.label_skew_partition(self.train_set.labels, comm.world_size, config.workload.similarity, config.run.seed)
             indices = parts[comm.rank]
         self.stream = data.ImageBatchStream(
-            self.train_set, batch_size=config.batch_size, rank=comm.rank, seed=config.seed, indices=indices,
-            steps_per_epoch=len(self.train_set) // (config.batch_size * comm.world_size) if indices is None else None,
+            self.train_set, batch_size=config.workload.batch_size, rank=comm.rank, seed=config.run.seed, indices=indices,
+            steps_per_epoch=len(self.train_set) // (config.workload.batch_size * comm.world_size) if indices is None else None,
         )
 
     def start_epoch(self, epoch: int) -> int:
