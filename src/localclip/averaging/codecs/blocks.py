@@ -24,6 +24,7 @@ every worker, for the caller's non-finite policy to see.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import NamedTuple
 
@@ -75,15 +76,6 @@ class Encoded(NamedTuple):
         return self.codes.numel() + 4 * self.scales.numel()
 
 
-def _padded(rows: int, m: int, block: int, device, scratch: "Scratch | None" = None, name: str = "") -> torch.Tensor:
-    """A float32 matrix of ``rows`` rows of whole blocks covering ``m`` elements, zero past ``m``
-    (only the tail is cleared: the caller fills columns ``[0, m)``)."""
-    width = -(-m // block) * block
-    xp = _buffer(scratch, name, (rows, width), torch.float32, device)
-    xp[:, m:].zero_()
-    return xp
-
-
 class Scratch:
     """Buffers that :func:`~.lowbit.lowbit_average` reuses from one call to the next: a round allocates
     several copies of the model, and fresh memory costs a page fault per 4 KiB (about half of
@@ -118,28 +110,9 @@ def _at_least(scratch: Scratch | None, name: str, numel: int, dtype: torch.dtype
     return t[:numel]
 
 
-def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor) -> None:
-    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat``; rows past its end hold zeros."""
-    n = flat.numel()
-    full, rest = divmod(n, m)
-    xp[:full, :m].copy_(flat[: full * m].view(full, m))
-    if rest:
-        xp[full, :rest].copy_(flat[full * m :])
-        xp[full, rest:m].zero_()
-    xp[full + (rest > 0):, :m].zero_()
-
-
-def _sub_rows(flat: torch.Tensor, xp: torch.Tensor, m: int) -> None:
-    """``flat`` minus columns ``[0, m)`` of ``xp``'s rows (laid out as :func:`_rows_from_flat`)."""
-    n = flat.numel()
-    full, rest = divmod(n, m)
-    flat[: full * m].view(full, m).sub_(xp[:full, :m])
-    if rest:
-        flat[full * m :].sub_(xp[full, :rest])
-
-
 def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`_rows_from_flat`: ``out`` (flat) takes columns ``[0, m)`` of ``xp``'s rows."""
+    """``out`` (flat) takes columns ``[0, m)`` of ``xp``'s rows, in order: row ``i`` holds the
+    flat elements ``[i m, (i + 1) m)``."""
     n = out.numel()
     full, rest = divmod(n, m)
     out[: full * m].view(full, m).copy_(xp[:full, :m])
@@ -148,152 +121,245 @@ def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor
     return out
 
 
-# Elements per piece of _absmax on the CPU: 4 MiB of float32 (4096 blocks of 256), so that its
-# pairwise passes stay in cache.
-_ABSMAX_PIECE = 1 << 20
+# Elements per thread in a piece of the codec's passes: 256 Ki float32 (1 MiB), so that the
+# passes over a piece (absmax, quotient, rounding, codes, decoding, residual) run in cache and
+# each element crosses the memory bus once each way; small enough that the per-operation cost
+# of the few small passes stays a few percent.
+PIECE_NUMEL = 1 << 18
+# A piece of an encoding starts at a multiple of this many blocks (see _absmax).
+_PIECE_ALIGN = 64
 
 
-def _absmax(blocks: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
-    """``max(hi, -lo)`` of each block (float32 ``[rows, blocks]``) from ``hi, lo = aminmax`` of the
-    block, NaN where the block holds a NaN.
+def _piece_blocks(block: int) -> int:
+    """Blocks per piece of an encoding: about :data:`PIECE_NUMEL` elements for each thread this
+    process may use (``torch.get_num_threads()``: each operation on a piece is split between
+    them), a multiple of :data:`_PIECE_ALIGN`."""
+    per_thread = max(1, PIECE_NUMEL // block // _PIECE_ALIGN) * _PIECE_ALIGN
+    return per_thread * max(1, torch.get_num_threads())
+
+
+def _absmax(blocks: torch.Tensor, first: int, total: int, tmp: torch.Tensor) -> torch.Tensor:
+    """``max(hi, -lo)`` of each block of ``blocks`` (float32 ``[k, block]``, contiguous) from
+    ``hi, lo = aminmax`` of the block, NaN where the block holds a NaN. ``blocks`` are blocks
+    ``[first, first + k)`` of an encoding of ``total`` blocks; ``tmp`` is a float32 buffer of at
+    least ``blocks.numel()`` elements.
 
     On the CPU ``aminmax`` over 256 elements at a time is slow (about 2 ns an element on one
     thread), so the absolute values are halved pairwise with ``maximum`` (NaN-propagating) down
-    to 8 per block, then ``amax``, a piece of blocks at a time so that the pairwise passes stay in
-    cache. The maximum of the absolute values is the same number as ``max(hi, -lo)`` except for
-    the sign of a zero: a block of zeros gets the scale that ``aminmax`` gives it (it can be
-    -0.0, whose bits travel), computed with ``aminmax`` for such blocks only."""
-    rows, nb, block = blocks.shape
-    if blocks.device.type != "cpu" or rows * nb == 0:
-        lo, hi = torch.aminmax(blocks, dim=2)
+    to 8 per block, then ``amax``. The maximum of the absolute values is the same number as
+    ``max(hi, -lo)`` except for the sign of a zero: a block of zeros gets the scale that
+    ``aminmax`` gives it (it can be -0.0, whose bits travel), computed with ``aminmax`` for such
+    blocks only, then one ``maximum`` over the piece's blocks. Whether that ``maximum`` keeps
+    its first or its second operand on a tie of zeros depends on whether it takes its vectorized
+    loop (runs of 16 or 32 elements) or its scalar tail at that position, so a piece starts at a
+    multiple of :data:`_PIECE_ALIGN` blocks and only the last piece ends elsewhere: each block
+    then falls where it falls in one ``maximum`` over all ``total`` blocks on one thread."""
+    k, block = blocks.shape
+    if k == 0:
+        return torch.empty(0, dtype=torch.float32, device=blocks.device)
+    assert first % _PIECE_ALIGN == 0 and (k % _PIECE_ALIGN == 0 or first + k == total), (first, k, total)
+    if blocks.device.type != "cpu":
+        lo, hi = torch.aminmax(blocks, dim=1)
         return torch.maximum(hi, lo.neg_())
-    flat = blocks.reshape(rows * nb, block)  # a view: xp is contiguous
-    out = torch.empty(rows * nb, dtype=torch.float32, device=blocks.device)
-    piece = max(1, _ABSMAX_PIECE // block)
-    tmp = _buffer(scratch, "absmax", (piece if scratch is not None else min(piece, rows * nb), block), torch.float32, blocks.device)
-    for lo in range(0, rows * nb, piece):
-        hi = min(lo + piece, rows * nb)
-        t = torch.abs(flat[lo:hi], out=tmp[: hi - lo])
-        h = block
-        while h > 8 and h % 2 == 0:
-            h //= 2
-            torch.maximum(t[:, :h], t[:, h : 2 * h], out=t[:, :h])
-        torch.amax(t[:, :h], dim=1, out=out[lo:hi])
+    t = torch.abs(blocks, out=tmp[: blocks.numel()].view(k, block))
+    h = block
+    while h > 8 and h % 2 == 0:
+        h //= 2
+        torch.maximum(t[:, :h], t[:, h : 2 * h], out=t[:, :h])
+    return torch.amax(t[:, :h], dim=1)
+
+
+def _zero_signs(out: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``out`` (:func:`_absmax` of ``blocks``, holding a zero) with its zeros' signs as
+    ``aminmax`` gives them (see :func:`_absmax`)."""
     zero = out == 0
-    if bool(zero.any()):
-        # aminmax's zeros for those blocks, then one maximum over the whole [rows, blocks], as
-        # over aminmax's output: whether a tie of zeros keeps the first or the second operand
-        # depends on whether maximum takes its vectorized or its scalar loop at that position.
-        lo, hi = torch.aminmax(flat[zero], dim=1)
-        neg = out.neg()
-        out[zero], neg[zero] = hi, lo
-        out = torch.maximum(out, neg.neg_())
-    return out.view(rows, nb)
+    lo, hi = torch.aminmax(blocks[zero], dim=1)
+    neg = out.neg()
+    out[zero], neg[zero] = hi, lo
+    return torch.maximum(out, neg.neg_())
 
 
-@torch.no_grad()
-def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: torch.Generator | None,
-                 codes_out: torch.Tensor | None = None, scratch: Scratch | None = None,
-                 rand_out: torch.Tensor | None = None, decoded: bool = True):
-    """Encode each row of ``xp`` (float32 ``[rows, whole blocks]``, zero past column ``m``) on its
-    own: (codes ``[rows, code bytes of m]``, scales ``[rows, blocks]``, whether a block was lost).
-    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block),
-    or with ``decoded=False`` by the codes alone (as float32).
-    The codes go into ``codes_out`` if given (uint8 ``[rows, code bytes]``, may be a strided view);
-    ``rand_out`` (float32, ``xp``'s shape), if given, is overwritten: stochastic rounding draws
-    into it, int4 packs its pairs in it.
+_TINY = torch.finfo(torch.float32).tiny
 
-    Few passes and no large allocation but the codes, because a round encodes the whole model
-    twice: the absmax comes from :func:`_absmax` (NaN propagates through it, so a block with a
-    NaN or an Inf is found from its scale alone), a lost block is cleared only when there is
-    one, the clamp runs only when a code can leave the range, and the quotient, its rounding and
-    the decoding are done in ``xp`` itself."""
-    rows = xp.shape[0]
+
+def _encode_piece(w: torch.Tensor, first: int, total: int, bits: int, generator: torch.Generator | None,
+                  tmp: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Encode the blocks of ``w`` (float32 ``[k, block]``, contiguous: blocks ``[first, first +
+    k)`` of ``total``) in place: ``w`` takes the codes as float32 (0 in a lost block); returns
+    the scales (float32 ``[k]``) and whether a block was lost. ``tmp``: a float32 buffer of at
+    least ``w.numel()`` elements (the absmax's, then the stochastic draws').
+
+    The passes over the piece: the absmax, the quotient by the scale, its rounding (and the
+    clamp, only where a code can leave the range); one ``aminmax`` of the piece's absmax values
+    says whether a block was lost (NaN or Inf), whether one is zero and whether a scale is
+    subnormal, so the passes for those cases run only when they occur."""
     qmax = _QMAX[bits]
-    nb = xp.shape[1] // block
-    blocks = xp.view(rows, nb, block)
-    scales = _absmax(blocks, scratch).div_(qmax)
-    finite = torch.isfinite(scales)
-    lost = not bool(finite.all())
+    absmax = _absmax(w, first, total, tmp)
+    if absmax.numel() == 0:
+        return absmax, False
+    lo, hi = (float(v) for v in torch.aminmax(absmax))
+    nan = lo != lo  # aminmax propagates a NaN to both
+    lost = nan or hi == math.inf
+    if lo == 0.0 or (nan and bool((absmax == 0).any())):
+        absmax = _zero_signs(absmax, w)
+    scales = absmax.div_(qmax)
     if lost:
+        finite = torch.isfinite(scales)
         scales.masked_fill_(~finite, float("nan"))
-        blocks.masked_fill_(~finite.unsqueeze(2), 0.0)
-    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))  # NaN > 0 is False
-    y = blocks.div_(divisor.unsqueeze(2))
+        w.masked_fill_(~finite.unsqueeze(1), 0.0)
+    # Whether a scale may be zero, NaN or subnormal (absmax below qmax times the smallest normal).
+    small = lost or not lo >= qmax * _TINY
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales)) if small else scales  # NaN > 0 is False
+    y = w.div_(divisor.unsqueeze(1))
     if generator is None:
         y.round_()
         # A normal scale is absmax / qmax within a relative 2^-24, so |x| / scale is at most
         # qmax (1 + 2^-23) < qmax + 1/2 and rounds into [-qmax, qmax]; only tiny (subnormal)
         # scales, whose quotient is inexact, need the clamp.
-        clamp = bool(((scales > 0) & (scales < torch.finfo(torch.float32).tiny)).any())
+        clamp = small and bool(((scales > 0) & (scales < _TINY)).any())
     else:
         # Always: a quotient of qmax plus a draw just under 1 rounds to qmax + 1 in float32.
-        u = torch.empty_like(xp) if rand_out is None else rand_out
+        u = tmp[: w.numel()]
         y.add_(torch.rand(u.shape, generator=generator, out=u).view(y.shape)).floor_()
         clamp = True
     if clamp:
         y.clamp_(-qmax, qmax)
-    cb = m if bits == 8 else (m + 1) // 2
-    codes = torch.empty(rows, cb, dtype=torch.uint8, device=xp.device) if codes_out is None else codes_out
+    return scales, lost
+
+
+def _segments(e0: int, e1: int, width: int, m: int, n: int):
+    """The parts of elements ``[e0, e1)`` of a ``[rows, width]`` matrix whose row ``i`` holds flat
+    elements ``[i m, (i + 1) m)`` of ``n`` (zero past ``m`` and past ``n``): for each row they
+    touch, ``(row, first column, end column, end of the data columns)``."""
+    for row in range(e0 // width, (e1 - 1) // width + 1):
+        c0, c1 = max(e0 - row * width, 0), min(e1 - row * width, width)
+        yield row, c0, c1, max(c0, min(c1, m, n - row * m))
+
+
+def _put_codes(codes: torch.Tensor, row: int, c0: int, c1: int, m: int, bits: int, y: torch.Tensor, pairs: torch.Tensor) -> None:
+    """Columns ``[c0, c1)`` of ``row``'s codes (``codes``: uint8 ``[rows, code bytes of m]``)
+    from ``y``, those columns' codes as float32. ``pairs``: a float32 buffer of at least half
+    ``y``'s elements (int4)."""
     if bits == 8:
-        codes.view(torch.int8).copy_(xp[:, :m])
-    else:
-        # Past m the values are zeros, so an odd m's padding code is a zero code (8). Each pair
-        # is packed in float32, exactly (small integers): lo + 16 hi in [-119, 119] becomes a
-        # byte, and + 136 (mod 256) makes it (lo + 8) + 16 (hi + 8), two nibbles 1..15.
-        if 2 * cb > xp.shape[1]:
-            # An odd block size and an odd length: no column for the padding code.
-            q = torch.empty(rows, 2 * cb, dtype=torch.int8, device=xp.device)
-            q.copy_(xp[:, : 2 * cb])
-            q = q.view(torch.uint8).add_(8)
-            torch.bitwise_or(q[:, 0::2], q[:, 1::2].bitwise_left_shift(4), out=codes)
-        else:
-            pairs = (torch.empty(rows, cb, dtype=torch.float32, device=xp.device) if rand_out is None
-                     else rand_out.view(-1)[: rows * cb].view(rows, cb))  # the draws are spent
-            torch.add(xp[:, 0 : 2 * cb : 2], xp[:, 1 : 2 * cb : 2], alpha=16, out=pairs)
-            codes.view(torch.int8).copy_(pairs)
-            codes.add_(136)
-    if decoded:
-        blocks.mul_(scales.unsqueeze(2))
-    return codes, scales.contiguous(), lost
+        e = min(c1, m)
+        if e > c0:
+            codes[row, c0:e].view(torch.int8).copy_(y[: e - c0])
+        return
+    # Past m the values are zeros, so an odd m's padding code is a zero code (8). Each pair is
+    # packed in float32, exactly (small integers): lo + 16 hi in [-119, 119] becomes a byte, and
+    # + 136 (mod 256) makes it (lo + 8) + 16 (hi + 8), two nibbles 1..15. c0 is even (a block is).
+    e = min(c1, 2 * codes.shape[1])
+    if e > c0:
+        p = pairs[: (e - c0) // 2]
+        torch.add(y[0 : e - c0 : 2], y[1 : e - c0 : 2], alpha=16, out=p)
+        out = codes[row, c0 // 2 : e // 2]
+        out.view(torch.int8).copy_(p)
+        out.add_(136)
+
+
+@torch.no_grad()
+def _encode_rows(rows: int, m: int, n: int, bits: int, block: int, generator: torch.Generator | None,
+                 codes: torch.Tensor, scales: torch.Tensor, source: torch.Tensor | None,
+                 add: torch.Tensor | None = None, residual: bool = False, scratch: Scratch | None = None) -> bool:
+    """Encode ``rows`` rows of whole blocks, row ``i`` holding flat elements ``[i m, (i + 1) m)``
+    of ``source`` (``n`` elements; zeros past ``m``, past ``n``, and everywhere when ``source`` is
+    None), each row on its own: the codes into ``codes`` (uint8 ``[rows, code bytes of m]``, may
+    be a strided view), the scales into ``scales`` (float32 ``[rows, blocks]``, contiguous);
+    returns whether a block was lost.
+
+    ``add`` (flat, ``n`` elements): ``source`` takes ``source + add`` first, in place.
+    ``residual``: ``source`` then takes ``source`` minus the decoded values (what the codes
+    stand for; NaN in a lost block, that the caller drops).
+
+    One piece of blocks at a time (:func:`_piece_blocks`): the piece is filled from ``source``,
+    encoded (:func:`_encode_piece`), its codes stored, decoded and subtracted while it is in
+    cache; the input is read once and the codes written once, with no buffer of the input's
+    size."""
+    width = scales.shape[1] * block
+    total = rows * scales.shape[1]
+    per = _piece_blocks(block)
+    device = codes.device
+    work = _at_least(scratch, "work", min(per, total) * block, torch.float32, device)
+    tmp = _at_least(scratch, "tmp", min(per, total) * block, torch.float32, device)
+    flat_scales = scales.view(-1)
+    lost = False
+    for b0 in range(0, total, per):
+        k = min(per, total - b0)
+        e0, e1 = b0 * block, (b0 + k) * block
+        w = work[: e1 - e0]
+        parts = list(_segments(e0, e1, width, m, n))
+        for row, c0, c1, v in parts:
+            at = row * width + c0 - e0
+            if source is not None and v > c0:
+                src = source[row * m + c0 : row * m + v]
+                if add is not None:
+                    src.add_(add[row * m + c0 : row * m + v])
+                w[at : at + v - c0].copy_(src)
+                w[at + v - c0 : at + c1 - c0].zero_()
+            else:
+                w[at : at + c1 - c0].zero_()
+        s, piece_lost = _encode_piece(w.view(k, block), b0, total, bits, generator, tmp)
+        lost |= piece_lost
+        flat_scales[b0 : b0 + k].copy_(s)
+        for row, c0, c1, _ in parts:
+            at = row * width + c0 - e0
+            _put_codes(codes, row, c0, c1, m, bits, w[at : at + c1 - c0], tmp)
+        if residual and source is not None:
+            w.view(k, block).mul_(s.unsqueeze(1))
+            for row, c0, c1, v in parts:
+                if v > c0:
+                    at = row * width + c0 - e0
+                    source[row * m + c0 : row * m + v].sub_(w[at : at + v - c0])
+    return lost
 
 
 def drop_nonfinite(residual: torch.Tensor) -> None:
     residual.masked_fill_(~torch.isfinite(residual), 0.0)
 
 
+def _decode_piece(codes: torch.Tensor, scales: torch.Tensor, c0: int, c1: int, m: int, bits: int, block: int,
+                  out: torch.Tensor, scratch: Scratch | None = None) -> None:
+    """Columns ``[c0, c1)`` (whole blocks) of :func:`_decode_rows` into ``out`` (float32
+    ``[rows, c1 - c0]``, rows contiguous)."""
+    rows = scales.shape[0]
+    if bits == 8:
+        used = max(min(c1, m), c0)
+        out[:, : used - c0].copy_(codes[:, c0:used].view(torch.int8))
+    else:
+        cb = codes.shape[1]
+        used = max(min(c1, 2 * cb), c0)
+        nbytes = (used - c0) // 2
+        # Unpacked to signed bytes first, so that the float32 output takes one contiguous
+        # conversion and no subtraction: each byte c widened to 16 bits becomes
+        # (c & 15) | (c >> 4) << 8, whose two bytes are the pair in order (little-endian),
+        # minus 8 each. Contiguous 16-bit passes, where strided byte stores are slow.
+        q = _at_least(scratch, "int4", rows * nbytes, torch.int16, codes.device).view(rows, nbytes)
+        high = _at_least(scratch, "int4 high", rows * nbytes, torch.int16, codes.device).view(rows, nbytes)
+        q.copy_(codes[:, c0 // 2 : c0 // 2 + nbytes])
+        torch.bitwise_left_shift(q, 4, out=high).bitwise_and_(0x0F00)
+        q.bitwise_and_(0xF).bitwise_or_(high)
+        pairs = q.view(torch.int8) if sys.byteorder == "little" else q.view(torch.int8).view(rows, nbytes, 2).flip(2)
+        out[:, : used - c0].copy_(pairs.sub_(8).reshape(rows, 2 * nbytes))
+    out[:, used - c0 :].zero_()
+    out.view(rows, -1, block).mul_(scales[:, c0 // block : c1 // block].unsqueeze(2))
+
+
 @torch.no_grad()
 def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int,
                  out: torch.Tensor | None = None, scratch: Scratch | None = None) -> torch.Tensor:
     """Decode :func:`_encode_rows`' output back to float32: a ``[rows, m]`` view of whole blocks
-    (of ``out``, float32 ``[rows, blocks * block]``, if given)."""
+    (of ``out``, float32 ``[rows, blocks * block]``, if given), a piece of columns at a time so
+    that each piece's conversion and multiplication by its scales run in cache."""
     rows, nb = scales.shape
     if out is None:
         out = torch.empty(rows, nb * block, dtype=torch.float32, device=codes.device)
-    if bits == 8:
-        out[:, :m].copy_(codes.view(torch.int8))
-        used = m
-    else:
-        cb = codes.shape[1]
-        used = 2 * cb
-        if used > out.shape[1]:  # an odd block size and an odd length: no column for the padding code
-            out[:, 0:used:2].copy_(codes & 0xF)
-            out[:, 1:used:2].copy_(codes >> 4)
-            out[:, :used].sub_(8)
-        else:
-            # Unpacked to signed bytes first, so that the float32 output takes one contiguous
-            # conversion and no subtraction: each byte c widened to 16 bits becomes
-            # (c & 15) | (c >> 4) << 8, whose two bytes are the pair in order (little-endian),
-            # minus 8 each. Contiguous 16-bit passes, where strided byte stores are slow.
-            q = _at_least(scratch, "int4", rows * cb, torch.int16, codes.device).view(rows, cb)
-            high = _at_least(scratch, "int4 high", rows * cb, torch.int16, codes.device).view(rows, cb)
-            q.copy_(codes)
-            torch.bitwise_left_shift(q, 4, out=high).bitwise_and_(0x0F00)
-            q.bitwise_and_(0xF).bitwise_or_(high)
-            pairs = q.view(torch.int8) if sys.byteorder == "little" else q.view(torch.int8).view(rows, cb, 2).flip(2)
-            out[:, :used].copy_(pairs.sub_(8).reshape(rows, used))
-    out[:, used:].zero_()
-    out.view(rows, nb, block).mul_(scales.unsqueeze(2))
+    if bits == 4 and 2 * codes.shape[1] > nb * block:  # an odd block size and an odd length
+        raise ValueError(f"Invalid int4 codes: {codes.shape[1]} bytes for {nb * block} elements")
+    width = nb * block
+    step = max(1, PIECE_NUMEL * max(1, torch.get_num_threads()) // max(rows, 1) // block) * block
+    for c0 in range(0, width, step):
+        c1 = min(width, c0 + step)
+        _decode_piece(codes, scales, c0, c1, m, bits, block, out[:, c0:c1], scratch)
     return out[:, :m]
 
 
@@ -330,18 +396,18 @@ def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: t
     _check_flat(x, "encode input")
     bits = _check_bits(bits)
     block = _check_block(block, bits)
-    xp = _padded(1, x.numel(), block, x.device)
-    xp[0, : x.numel()].copy_(x)
-    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator, decoded=False)
-    return Encoded(codes[0], scales[0], x.numel(), bits, block)
+    n = x.numel()
+    codes = torch.empty(1, _code_bytes(n, bits), dtype=torch.uint8, device=x.device)
+    scales = torch.empty(1, -(-n // block), dtype=torch.float32, device=x.device)
+    _encode_rows(1, n, n, bits, block, generator, codes, scales, x)
+    return Encoded(codes[0], scales[0], n, bits, block)
 
 
 def decode(enc: Encoded) -> torch.Tensor:
     """The float32 values that ``enc`` stands for."""
     codes, scales, n, bits, block = enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block
     whole = n // block * block  # elements in whole blocks: decoded in place in the result
-    if bits == 4 and block % 2:
-        return _decode_rows(codes, scales, n, bits, block)[0].clone()
+    _check_block(block, bits)
     out = torch.empty(n, dtype=torch.float32, device=codes.device)
     cw = _code_bytes(whole, bits)
     _decode_rows(codes[:, :cw], scales[:, : whole // block], whole, bits, block, out[:whole].view(1, whole))

@@ -55,8 +55,8 @@ from typing import NamedTuple
 import torch
 
 from localclip.averaging.codecs.blocks import (
-    BLOCK_NUMEL, Scratch, _buffer, _check_bits, _check_block, _check_flat, _decode_rows, _decode_to_flat, _encode_rows,
-    _padded, _rows_from_flat, _sub_rows, drop_nonfinite,
+    BLOCK_NUMEL, Scratch, _at_least, _buffer, _check_bits, _check_block, _check_flat, _decode_piece, _decode_to_flat,
+    _encode_piece, _encode_rows, _piece_blocks, _put_codes, drop_nonfinite,
 )
 from localclip.averaging.codecs.base import Codec
 from localclip.averaging.codecs.feedback import ErrorFeedback
@@ -147,30 +147,26 @@ def start_lowbit_average(
 
     device = delta.device
     m = -(-n // world)  # chunk length: chunk j is worker j's shard
-    xp = _padded(world, m, block, device, scratch, "input")
-    if weighted and not taking_part:
-        xp[:, :m].zero_()
-    elif sending is not None:
-        # The input is delta + residual, summed once: the residual holds it until the decoded
-        # values are subtracted below.
-        _rows_from_flat(xp, m, sending.residual.add_(delta))
-    else:
-        _rows_from_flat(xp, m, delta)
-    nb = xp.shape[1] // block
+    nb = -(-m // block)
     cb = m if bits == 8 else (m + 1) // 2
     wire = cb + 4 * nb  # bytes of one encoded chunk
     # Each chunk on the wire: its codes, its scales (float32 bytes), and its weight if any.
     payload = _buffer(scratch, "payload", (world, wire + 4 * weighted), torch.uint8, device)
-    decoded = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)  # free until the all-to-all is in
-    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch, decoded, sending is not None)
+    scales = _buffer(scratch, "scales", (world, nb), torch.float32, device)
+    if weighted and not taking_part:
+        source, add = None, None
+    elif sending is not None:
+        # The input is delta + residual, summed into the residual, which then takes what the
+        # codes leave out: residual <- (delta + residual) - decoded.
+        source, add = sending.residual, delta
+    else:
+        source, add = delta, None
+    lost = _encode_rows(world, m, n, bits, block, generator, payload[:, :cb], scales, source, add, sending is not None, scratch)
     payload[:, cb:wire].copy_(scales.view(torch.uint8))
     if weighted:
         payload[:, wire:].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
-    if sending is not None:
-        # residual <- (delta + residual) - decoded.
-        _sub_rows(sending.residual, xp, m)
-        if lost:
-            drop_nonfinite(sending.residual)
+    if sending is not None and lost:
+        drop_nonfinite(sending.residual)
     received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
     exchange = LowbitPending(comm)
     exchange.payload = payload.numel()
@@ -178,7 +174,7 @@ def start_lowbit_average(
                         for lo, hi in _pieces(payload.shape[1])]
     exchange._shape = (n, m, bits, block, cb, wire, weighted)
     exchange._feedback, exchange._generator, exchange._scratch = feedback, generator, scratch
-    exchange._received, exchange._decoded = received, decoded
+    exchange._received = received
     return exchange
 
 
@@ -222,38 +218,56 @@ class LowbitPending:
         for p in self._to_all:
             p.wait()
         self._to_all = None
-        # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
-        parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, self._decoded,
-                             scratch)
-        sp = _padded(1, m, block, device, scratch, "shard")
-        shard = sp[0, :m]
-        torch.add(parts[0], parts[1], out=shard)
-        for i in range(2, world):
-            shard.add_(parts[i])
         if weighted:
             weights = received[:, wire:].contiguous().view(torch.float32)[:, 0]
             total = weights[0].clone()
             for i in range(1, world):
                 total.add_(weights[i])
-            shard.div_(total)
             self._count = int(total.item())
         else:
-            shard.div_(world)
-            self._count = world
-        if feedback is not None:
-            if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
-                feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
-            shard.add_(feedback.shard_residual)
-            feedback.shard_residual.copy_(shard)
+            total = self._count = world
+        if feedback is not None and (feedback.shard_residual is None or feedback.shard_residual.numel() != m):
+            feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
+        codes, scales = received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32)
+        nb = scales.shape[1]
         mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
-        # The parts are summed: their buffer takes the shard's random draws.
-        _, shard_scales, lost = _encode_rows(sp, m, bits, block, self._generator, mine[:, :cb], scratch, self._decoded[:1],
-                                             feedback is not None)
+        shard_scales = _buffer(scratch, "shard scales", (1, nb), torch.float32, device)
+        per = _piece_blocks(block)
+        size = min(per, nb) * block
+        parts_buffer = _at_least(scratch, "parts", world * size, torch.float32, device)
+        work = _at_least(scratch, "work", size, torch.float32, device)
+        tmp = _at_least(scratch, "tmp", size, torch.float32, device)
+        lost = False
+        # My shard, a piece of blocks at a time while it is in cache: everyone's chunk `rank`
+        # decoded and added in float32 in rank order, divided, plus the shard residual, then
+        # re-encoded (the residual takes what the codes leave out).
+        for b0 in range(0, nb, per):
+            k = min(per, nb - b0)
+            c0, c1 = b0 * block, (b0 + k) * block
+            parts = parts_buffer[: world * (c1 - c0)].view(world, c1 - c0)
+            _decode_piece(codes, scales, c0, c1, m, bits, block, parts, scratch)
+            v = max(min(c1, m) - c0, 0)
+            w = work[: c1 - c0]
+            shard = w[:v]
+            torch.add(parts[0, :v], parts[1, :v], out=shard)
+            for i in range(2, world):
+                shard.add_(parts[i, :v])
+            shard.div_(total)
+            if feedback is not None:
+                residual = feedback.shard_residual[c0 : c0 + v]
+                shard.add_(residual)
+                residual.copy_(shard)
+            w[v:].zero_()
+            s, piece_lost = _encode_piece(w.view(k, block), b0, nb, bits, self._generator, tmp)
+            lost |= piece_lost
+            shard_scales[0, b0 : b0 + k].copy_(s)
+            _put_codes(mine[:, :cb], 0, c0, c1, m, bits, w, tmp)
+            if feedback is not None:
+                w.view(k, block).mul_(s.unsqueeze(1))
+                residual.sub_(shard)
         mine[:, cb:].copy_(shard_scales.view(torch.uint8))
-        if feedback is not None:
-            feedback.shard_residual.sub_(shard)
-            if lost:
-                drop_nonfinite(feedback.shard_residual)
+        if feedback is not None and lost:
+            drop_nonfinite(feedback.shard_residual)
         self._gathered = _buffer(scratch, "gathered", (world, wire), torch.uint8, device)
         self._gather = [self.comm.start_all_gather(mine[0, lo:hi], list(self._gathered[:, lo:hi].unbind(0))) for lo, hi in _pieces(wire)]
 
@@ -267,8 +281,9 @@ class LowbitPending:
                 p.wait()
             gathered, scratch, world = self._gathered, self._scratch, self.comm.world_size
             out = torch.empty(n, dtype=torch.float32, device=gathered.device) if scratch is None else scratch.output(n, gathered.device)
-            average = _decode_to_flat(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, out,
-                                      self._decoded, scratch)
+            scales = gathered[:, cb:].contiguous().view(torch.float32)
+            spare = _buffer(scratch, "decoded", (world, scales.shape[1] * block), torch.float32, gathered.device)
+            average = _decode_to_flat(gathered[:, :cb], scales, m, bits, block, out, spare, scratch)
             self._result = LowbitRound(average, (world - 1) * (self._received.shape[1] + wire), self.payload, self._count)
             self._gather = None
         return self._result
