@@ -123,94 +123,95 @@ def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor
 
 # Elements per thread in a piece of the codec's passes: 256 Ki float32 (1 MiB), so that the
 # passes over a piece (absmax, quotient, rounding, codes, decoding, residual) run in cache and
-# each element crosses the memory bus once each way; small enough that the per-operation cost
+# each element crosses the memory bus once each way; large enough that the per-operation cost
 # of the few small passes stays a few percent.
 PIECE_NUMEL = 1 << 18
-# A piece of an encoding starts at a multiple of this many blocks (see _absmax).
-_PIECE_ALIGN = 64
 
 
 def _piece_blocks(block: int) -> int:
     """Blocks per piece of an encoding: about :data:`PIECE_NUMEL` elements for each thread this
     process may use (``torch.get_num_threads()``: each operation on a piece is split between
-    them), a multiple of :data:`_PIECE_ALIGN`."""
-    per_thread = max(1, PIECE_NUMEL // block // _PIECE_ALIGN) * _PIECE_ALIGN
-    return per_thread * max(1, torch.get_num_threads())
+    them)."""
+    return max(1, PIECE_NUMEL // block) * max(1, torch.get_num_threads())
 
 
-def _absmax(blocks: torch.Tensor, first: int, total: int, tmp: torch.Tensor) -> torch.Tensor:
-    """``max(hi, -lo)`` of each block of ``blocks`` (float32 ``[k, block]``, contiguous) from
-    ``hi, lo = aminmax`` of the block, NaN where the block holds a NaN. ``blocks`` are blocks
-    ``[first, first + k)`` of an encoding of ``total`` blocks; ``tmp`` is a float32 buffer of at
-    least ``blocks.numel()`` elements.
+def _absmax(blocks: torch.Tensor) -> torch.Tensor:
+    """``max(hi, -lo)`` of each block of ``blocks`` (float32 ``[k, block]``, rows contiguous)
+    from its largest and smallest element, NaN where the block holds a NaN.
 
-    On the CPU ``aminmax`` over 256 elements at a time is slow (about 2 ns an element on one
-    thread), so the absolute values are halved pairwise with ``maximum`` (NaN-propagating) down
-    to 8 per block, then ``amax``. The maximum of the absolute values is the same number as
-    ``max(hi, -lo)`` except for the sign of a zero: a block of zeros gets the scale that
-    ``aminmax`` gives it (it can be -0.0, whose bits travel), computed with ``aminmax`` for such
-    blocks only, then one ``maximum`` over the piece's blocks. Whether that ``maximum`` keeps
-    its first or its second operand on a tie of zeros depends on whether it takes its vectorized
-    loop (runs of 16 or 32 elements) or its scalar tail at that position, so a piece starts at a
-    multiple of :data:`_PIECE_ALIGN` blocks and only the last piece ends elsewhere: each block
-    then falls where it falls in one ``maximum`` over all ``total`` blocks on one thread."""
-    k, block = blocks.shape
-    if k == 0:
-        return torch.empty(0, dtype=torch.float32, device=blocks.device)
-    assert first % _PIECE_ALIGN == 0 and (k % _PIECE_ALIGN == 0 or first + k == total), (first, k, total)
+    ``amax`` and ``amin`` over a block are fast where ``aminmax`` is not (about 2 ns an element
+    on one thread on the CPU). They give the same numbers, except maybe the sign of a zero: a
+    block of zeros gets its scale from :func:`_zero_signs`."""
     if blocks.device.type != "cpu":
         lo, hi = torch.aminmax(blocks, dim=1)
-        return torch.maximum(hi, lo.neg_())
-    t = torch.abs(blocks, out=tmp[: blocks.numel()].view(k, block))
-    h = block
-    while h > 8 and h % 2 == 0:
-        h //= 2
-        torch.maximum(t[:, :h], t[:, h : 2 * h], out=t[:, :h])
-    return torch.amax(t[:, :h], dim=1)
+    else:
+        hi, lo = torch.amax(blocks, dim=1), torch.amin(blocks, dim=1)
+    return torch.maximum(hi, lo.neg_())
 
 
-def _zero_signs(out: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """``out`` (:func:`_absmax` of ``blocks``, holding a zero) with its zeros' signs as
-    ``aminmax`` gives them (see :func:`_absmax`)."""
+_SECOND_ON_TIE: dict = {}
+
+
+def _second_on_tie(total: int, device) -> torch.Tensor:
+    """Where ``torch.maximum`` of two float32 vectors of ``total`` elements keeps its second
+    operand on a tie (bool ``[total]``), with this process's threads: its vectorized loop (runs
+    of 16 or 32 elements) keeps the second, its scalar tail the first, and the threads split the
+    vector where they do. Found by running it on zeros of both signs, once per length."""
+    key = (total, torch.get_num_threads(), str(device))
+    ties = _SECOND_ON_TIE.get(key)
+    if ties is None:
+        if len(_SECOND_ON_TIE) > 64:
+            _SECOND_ON_TIE.clear()
+        zeros = torch.zeros(total, dtype=torch.float32, device=device)
+        ties = _SECOND_ON_TIE[key] = torch.signbit(torch.maximum(zeros, torch.full_like(zeros, -0.0)))
+    return ties
+
+
+def _zero_signs(out: torch.Tensor, blocks: torch.Tensor, second: torch.Tensor) -> None:
+    """``out`` (:func:`_absmax` of ``blocks``, holding a zero) takes, in place, the zeros that the
+    scales of the encoding's blocks of zeros have had since they came from ``hi, lo = aminmax``
+    of each block and one ``maximum(hi, -lo)`` over all the encoding's blocks (-0.0 is a scale
+    whose bits travel): ``aminmax``'s zeros for such blocks, and of ``hi`` and ``-lo`` the one
+    that ``maximum`` keeps at the block's place in the encoding (``second``: the piece's slice
+    of :func:`_second_on_tie`), so that the piece's bits do not depend on how the encoding is cut."""
     zero = out == 0
     lo, hi = torch.aminmax(blocks[zero], dim=1)
-    neg = out.neg()
-    out[zero], neg[zero] = hi, lo
-    return torch.maximum(out, neg.neg_())
+    out[zero] = torch.where(second[zero], lo.neg_(), hi)
 
 
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _encode_piece(w: torch.Tensor, first: int, total: int, bits: int, generator: torch.Generator | None,
+def _encode_piece(x: torch.Tensor, w: torch.Tensor, first: int, total: int, bits: int, generator: torch.Generator | None,
                   tmp: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """Encode the blocks of ``w`` (float32 ``[k, block]``, contiguous: blocks ``[first, first +
-    k)`` of ``total``) in place: ``w`` takes the codes as float32 (0 in a lost block); returns
-    the scales (float32 ``[k]``) and whether a block was lost. ``tmp``: a float32 buffer of at
-    least ``w.numel()`` elements (the absmax's, then the stochastic draws').
+    """Encode the blocks of ``x`` (float32 ``[k, block]``, rows contiguous: blocks ``[first,
+    first + k)`` of an encoding of ``total`` blocks, all rows in order) into ``w`` (float32 ``[k, block]``, contiguous; may be ``x``): the
+    codes as float32 (0 in a lost block); returns the scales (float32 ``[k]``) and whether a
+    block was lost. ``tmp``: a float32 buffer of at least ``w.numel()`` elements (stochastic
+    rounding's draws).
 
-    The passes over the piece: the absmax, the quotient by the scale, its rounding (and the
-    clamp, only where a code can leave the range); one ``aminmax`` of the piece's absmax values
-    says whether a block was lost (NaN or Inf), whether one is zero and whether a scale is
-    subnormal, so the passes for those cases run only when they occur."""
+    The passes over the piece: its largest and smallest values, the quotient by the scale, its
+    rounding (and the clamp, only where a code can leave the range); one ``aminmax`` of the
+    piece's absmax values says whether a block was lost (NaN or Inf), whether one is zero and
+    whether a scale is subnormal, so the passes for those cases run only when they occur."""
     qmax = _QMAX[bits]
-    absmax = _absmax(w, first, total, tmp)
-    if absmax.numel() == 0:
-        return absmax, False
+    if x.shape[0] == 0:
+        return torch.empty(0, dtype=torch.float32, device=x.device), False
+    absmax = _absmax(x)
     lo, hi = (float(v) for v in torch.aminmax(absmax))
     nan = lo != lo  # aminmax propagates a NaN to both
     lost = nan or hi == math.inf
     if lo == 0.0 or (nan and bool((absmax == 0).any())):
-        absmax = _zero_signs(absmax, w)
+        _zero_signs(absmax, x, _second_on_tie(total, x.device)[first : first + x.shape[0]])
     scales = absmax.div_(qmax)
+    # Whether a scale may be zero, NaN or subnormal (absmax below qmax times the smallest normal).
+    small = lost or not lo >= qmax * _TINY
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales)) if small else scales  # NaN > 0 is False
+    y = torch.div(x, divisor.unsqueeze(1), out=w)
     if lost:
         finite = torch.isfinite(scales)
         scales.masked_fill_(~finite, float("nan"))
         w.masked_fill_(~finite.unsqueeze(1), 0.0)
-    # Whether a scale may be zero, NaN or subnormal (absmax below qmax times the smallest normal).
-    small = lost or not lo >= qmax * _TINY
-    divisor = torch.where(scales > 0, scales, torch.ones_like(scales)) if small else scales  # NaN > 0 is False
-    y = w.div_(divisor.unsqueeze(1))
     if generator is None:
         y.round_()
         # A normal scale is absmax / qmax within a relative 2^-24, so |x| / scale is at most
@@ -288,17 +289,25 @@ def _encode_rows(rows: int, m: int, n: int, bits: int, block: int, generator: to
         e0, e1 = b0 * block, (b0 + k) * block
         w = work[: e1 - e0]
         parts = list(_segments(e0, e1, width, m, n))
-        for row, c0, c1, v in parts:
-            at = row * width + c0 - e0
-            if source is not None and v > c0:
-                src = source[row * m + c0 : row * m + v]
-                if add is not None:
-                    src.add_(add[row * m + c0 : row * m + v])
-                w[at : at + v - c0].copy_(src)
-                w[at + v - c0 : at + c1 - c0].zero_()
-            else:
-                w[at : at + c1 - c0].zero_()
-        s, piece_lost = _encode_piece(w.view(k, block), b0, total, bits, generator, tmp)
+        row, c0, c1, v = parts[0]
+        if source is not None and len(parts) == 1 and v == c1:
+            # The piece is one run of the input: read where it is.
+            x = source[row * m + c0 : row * m + v]
+            if add is not None:
+                x.add_(add[row * m + c0 : row * m + v])
+        else:
+            x = w
+            for row, c0, c1, v in parts:
+                at = row * width + c0 - e0
+                if source is not None and v > c0:
+                    src = source[row * m + c0 : row * m + v]
+                    if add is not None:
+                        src.add_(add[row * m + c0 : row * m + v])
+                    w[at : at + v - c0].copy_(src)
+                    w[at + v - c0 : at + c1 - c0].zero_()
+                else:
+                    w[at : at + c1 - c0].zero_()
+        s, piece_lost = _encode_piece(x.view(k, block), w.view(k, block), b0, total, bits, generator, tmp)
         lost |= piece_lost
         flat_scales[b0 : b0 + k].copy_(s)
         for row, c0, c1, _ in parts:

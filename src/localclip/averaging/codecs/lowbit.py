@@ -258,7 +258,7 @@ class LowbitPending:
                 shard.add_(residual)
                 residual.copy_(shard)
             w[v:].zero_()
-            s, piece_lost = _encode_piece(w.view(k, block), b0, nb, bits, self._generator, tmp)
+            s, piece_lost = _encode_piece(w.view(k, block), w.view(k, block), b0, nb, bits, self._generator, tmp)
             lost |= piece_lost
             shard_scales[0, b0 : b0 + k].copy_(s)
             _put_codes(mine[:, :cb], 0, c0, c1, m, bits, w, tmp)
