@@ -1,11 +1,13 @@
-"""The int8/int4 codec works a cache-sized piece of blocks at a time: how the encoding is cut into
-pieces changes no bit of the codes, scales, decoded values, residuals or round averages, including
-the sign of a block of zeros' scale (which depends on the block's place among all the blocks)."""
+"""The int8/int4 codec works a cache-sized piece of blocks at a time, and a round sends, sums,
+re-encodes and decodes piece by piece: how the work or the wire is cut into pieces changes no bit
+of the codes, scales, decoded values, residuals or round averages, including the sign of a block
+of zeros' scale (which depends on the block's place among all the blocks)."""
 
 import pytest
 import torch
 
 from localclip.averaging.codecs import blocks as codec_blocks
+from localclip.averaging.codecs import lowbit as codec_lowbit
 from localclip.averaging.codecs import BLOCK_NUMEL, ErrorFeedback, decode, encode, lowbit_average
 from localclip.comm import SimulatedWorld, current
 
@@ -77,7 +79,7 @@ def test_the_pieces_change_no_bit_of_an_encoding(bits, stochastic, n, monkeypatc
         assert all(_same_bits(a, b) for a, b in zip(whole, run())), numel
 
 
-def _rounds(world, n, bits, stochastic):
+def _rounds(world, n, bits, stochastic, weighted=False):
     def worker():
         comm = current()
         fb = ErrorFeedback(n)
@@ -86,8 +88,9 @@ def _rounds(world, n, bits, stochastic):
         for k in range(2):
             delta = _mixed(n, 7 * k + comm.rank) * (k + 1)
             delta[3 * BLOCK_NUMEL + 5] = 1.0 if comm.rank else delta[3 * BLOCK_NUMEL + 5]  # a NaN from rank 0 only
-            res = lowbit_average(comm, delta, bits, fb, generator=gen)
-            out.append((res.average.clone(), fb.residual.clone(), fb.shard_residual.clone(), res.bytes_sent))
+            taking_part = (k == 0 or comm.rank != 1) if weighted else None
+            res = lowbit_average(comm, delta, bits, fb, generator=gen, taking_part=taking_part)
+            out.append((res.average.clone(), fb.residual.clone(), fb.shard_residual.clone(), (res.bytes_sent, res.payload, res.taking_part)))
         return out
 
     return SimulatedWorld(world, concurrent=False).run(worker)
@@ -100,6 +103,18 @@ def test_the_pieces_change_no_bit_of_a_round(bits, world, stochastic, monkeypatc
     whole = _rounds(world, n, bits, stochastic)
     monkeypatch.setattr(codec_blocks, "PIECE_NUMEL", 2 * BLOCK_NUMEL)
     pieces = _rounds(world, n, bits, stochastic)
+    for a, b in zip(whole, pieces):
+        for (avg, res, shard, sent), (avg2, res2, shard2, sent2) in zip(a, b):
+            assert sent == sent2 and _same_bits(avg, avg2) and _same_bits(res, res2) and _same_bits(shard, shard2)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_wire_pieces_change_no_bit_of_a_round(bits, weighted, monkeypatch):
+    n = 13 * BLOCK_NUMEL * 2 + 77
+    whole = _rounds(2, n, bits, False, weighted)
+    monkeypatch.setattr(codec_lowbit, "PIECE_BYTES", 3 * BLOCK_NUMEL + 50)  # 2 to 5 blocks a piece
+    pieces = _rounds(2, n, bits, False, weighted)
     for a, b in zip(whole, pieces):
         for (avg, res, shard, sent), (avg2, res2, shard2, sent2) in zip(a, b):
             assert sent == sent2 and _same_bits(avg, avg2) and _same_bits(res, res2) and _same_bits(shard, shard2)

@@ -110,17 +110,6 @@ def _at_least(scratch: Scratch | None, name: str, numel: int, dtype: torch.dtype
     return t[:numel]
 
 
-def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor:
-    """``out`` (flat) takes columns ``[0, m)`` of ``xp``'s rows, in order: row ``i`` holds the
-    flat elements ``[i m, (i + 1) m)``."""
-    n = out.numel()
-    full, rest = divmod(n, m)
-    out[: full * m].view(full, m).copy_(xp[:full, :m])
-    if rest:
-        out[full * m :].copy_(xp[full, :rest])
-    return out
-
-
 # Elements per thread in a piece of the codec's passes: 256 Ki float32 (1 MiB), so that the
 # passes over a piece (absmax, quotient, rounding, codes, decoding, residual) run in cache and
 # each element crosses the memory bus once each way; large enough that the per-operation cost
@@ -182,13 +171,13 @@ def _zero_signs(out: torch.Tensor, blocks: torch.Tensor, second: torch.Tensor) -
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _encode_piece(x: torch.Tensor, w: torch.Tensor, first: int, total: int, bits: int, generator: torch.Generator | None,
-                  tmp: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def _encode_piece(x: torch.Tensor, w: torch.Tensor, first: int, total: int, bits: int,
+                  draws: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
     """Encode the blocks of ``x`` (float32 ``[k, block]``, rows contiguous: blocks ``[first,
     first + k)`` of an encoding of ``total`` blocks, all rows in order) into ``w`` (float32 ``[k, block]``, contiguous; may be ``x``): the
     codes as float32 (0 in a lost block); returns the scales (float32 ``[k]``) and whether a
-    block was lost. ``tmp``: a float32 buffer of at least ``w.numel()`` elements (stochastic
-    rounding's draws).
+    block was lost. ``draws``: stochastic rounding's uniform draws in [0, 1), float32, one per
+    element of ``w`` (None: rounding to nearest).
 
     The passes over the piece: its largest and smallest values, the quotient by the scale, its
     rounding (and the clamp, only where a code can leave the range); one ``aminmax`` of the
@@ -212,7 +201,7 @@ def _encode_piece(x: torch.Tensor, w: torch.Tensor, first: int, total: int, bits
         finite = torch.isfinite(scales)
         scales.masked_fill_(~finite, float("nan"))
         w.masked_fill_(~finite.unsqueeze(1), 0.0)
-    if generator is None:
+    if draws is None:
         y.round_()
         # A normal scale is absmax / qmax within a relative 2^-24, so |x| / scale is at most
         # qmax (1 + 2^-23) < qmax + 1/2 and rounds into [-qmax, qmax]; only tiny (subnormal)
@@ -220,21 +209,11 @@ def _encode_piece(x: torch.Tensor, w: torch.Tensor, first: int, total: int, bits
         clamp = small and bool(((scales > 0) & (scales < _TINY)).any())
     else:
         # Always: a quotient of qmax plus a draw just under 1 rounds to qmax + 1 in float32.
-        u = tmp[: w.numel()]
-        y.add_(torch.rand(u.shape, generator=generator, out=u).view(y.shape)).floor_()
+        y.add_(draws.view(y.shape)).floor_()
         clamp = True
     if clamp:
         y.clamp_(-qmax, qmax)
     return scales, lost
-
-
-def _segments(e0: int, e1: int, width: int, m: int, n: int):
-    """The parts of elements ``[e0, e1)`` of a ``[rows, width]`` matrix whose row ``i`` holds flat
-    elements ``[i m, (i + 1) m)`` of ``n`` (zero past ``m`` and past ``n``): for each row they
-    touch, ``(row, first column, end column, end of the data columns)``."""
-    for row in range(e0 // width, (e1 - 1) // width + 1):
-        c0, c1 = max(e0 - row * width, 0), min(e1 - row * width, width)
-        yield row, c0, c1, max(c0, min(c1, m, n - row * m))
 
 
 def _put_codes(codes: torch.Tensor, row: int, c0: int, c1: int, m: int, bits: int, y: torch.Tensor, pairs: torch.Tensor) -> None:
@@ -261,64 +240,67 @@ def _put_codes(codes: torch.Tensor, row: int, c0: int, c1: int, m: int, bits: in
 @torch.no_grad()
 def _encode_rows(rows: int, m: int, n: int, bits: int, block: int, generator: torch.Generator | None,
                  codes: torch.Tensor, scales: torch.Tensor, source: torch.Tensor | None,
-                 add: torch.Tensor | None = None, residual: bool = False, scratch: Scratch | None = None) -> bool:
+                 add: torch.Tensor | None = None, residual: bool = False, scratch: Scratch | None = None,
+                 cols: tuple[int, int] | None = None, draws: torch.Tensor | None = None) -> bool:
     """Encode ``rows`` rows of whole blocks, row ``i`` holding flat elements ``[i m, (i + 1) m)``
     of ``source`` (``n`` elements; zeros past ``m``, past ``n``, and everywhere when ``source`` is
-    None), each row on its own: the codes into ``codes`` (uint8 ``[rows, code bytes of m]``, may
-    be a strided view), the scales into ``scales`` (float32 ``[rows, blocks]``, contiguous);
-    returns whether a block was lost.
+    None), each row on its own: the codes into ``codes`` (uint8 ``[rows, code bytes]``, may be a
+    strided view), the scales into ``scales`` (float32 ``[rows, blocks]``); returns whether a
+    block was lost.
 
+    ``cols``: ``(b0, b1)``, only blocks ``[b0, b1)`` of each row (default: all of them), whose
+    codes and scales then start at column 0 of ``codes`` and ``scales``. Stochastic rounding
+    (``generator``) draws for the rows' elements in order; ``draws`` (float32 ``[rows, blocks *
+    block]``, drawn so beforehand) stands for it where only some columns are encoded.
     ``add`` (flat, ``n`` elements): ``source`` takes ``source + add`` first, in place.
     ``residual``: ``source`` then takes ``source`` minus the decoded values (what the codes
     stand for; NaN in a lost block, that the caller drops).
 
-    One piece of blocks at a time (:func:`_piece_blocks`): the piece is filled from ``source``,
+    One piece of blocks at a time (:func:`_piece_blocks`): the piece is read from ``source``,
     encoded (:func:`_encode_piece`), its codes stored, decoded and subtracted while it is in
     cache; the input is read once and the codes written once, with no buffer of the input's
     size."""
-    width = scales.shape[1] * block
-    total = rows * scales.shape[1]
+    nb = -(-m // block)
+    b0, b1 = (0, nb) if cols is None else cols
+    base = b0 * block
     per = _piece_blocks(block)
     device = codes.device
-    work = _at_least(scratch, "work", min(per, total) * block, torch.float32, device)
-    tmp = _at_least(scratch, "tmp", min(per, total) * block, torch.float32, device)
-    flat_scales = scales.view(-1)
+    size = min(per, max(b1 - b0, 1)) * block
+    work = _at_least(scratch, "work", size, torch.float32, device)
+    tmp = _at_least(scratch, "tmp", size, torch.float32, device)
     lost = False
-    for b0 in range(0, total, per):
-        k = min(per, total - b0)
-        e0, e1 = b0 * block, (b0 + k) * block
-        w = work[: e1 - e0]
-        parts = list(_segments(e0, e1, width, m, n))
-        row, c0, c1, v = parts[0]
-        if source is not None and len(parts) == 1 and v == c1:
-            # The piece is one run of the input: read where it is.
-            x = source[row * m + c0 : row * m + v]
-            if add is not None:
-                x.add_(add[row * m + c0 : row * m + v])
-        else:
-            x = w
-            for row, c0, c1, v in parts:
-                at = row * width + c0 - e0
-                if source is not None and v > c0:
+    for row in range(rows):
+        for p0 in range(b0, b1, per):
+            p1 = min(b1, p0 + per)
+            k, c0, c1 = p1 - p0, p0 * block, p1 * block
+            v = max(c0, min(c1, m, n - row * m)) if source is not None else c0  # the end of the input's columns
+            w = work[: c1 - c0]
+            if v == c1:
+                # The piece is one run of the input: read where it is.
+                x = source[row * m + c0 : row * m + v]
+                if add is not None:
+                    x.add_(add[row * m + c0 : row * m + v])
+            else:
+                x = w
+                if v > c0:
                     src = source[row * m + c0 : row * m + v]
                     if add is not None:
                         src.add_(add[row * m + c0 : row * m + v])
-                    w[at : at + v - c0].copy_(src)
-                    w[at + v - c0 : at + c1 - c0].zero_()
-                else:
-                    w[at : at + c1 - c0].zero_()
-        s, piece_lost = _encode_piece(x.view(k, block), w.view(k, block), b0, total, bits, generator, tmp)
-        lost |= piece_lost
-        flat_scales[b0 : b0 + k].copy_(s)
-        for row, c0, c1, _ in parts:
-            at = row * width + c0 - e0
-            _put_codes(codes, row, c0, c1, m, bits, w[at : at + c1 - c0], tmp)
-        if residual and source is not None:
-            w.view(k, block).mul_(s.unsqueeze(1))
-            for row, c0, c1, v in parts:
-                if v > c0:
-                    at = row * width + c0 - e0
-                    source[row * m + c0 : row * m + v].sub_(w[at : at + v - c0])
+                    w[: v - c0].copy_(src)
+                w[v - c0 :].zero_()
+            if draws is not None:
+                u = draws[row, c0:c1]
+            elif generator is not None:
+                u = torch.rand(c1 - c0, generator=generator, out=tmp[: c1 - c0])
+            else:
+                u = None
+            s, piece_lost = _encode_piece(x.view(k, block), w.view(k, block), row * nb + p0, rows * nb, bits, u)
+            lost |= piece_lost
+            scales[row, p0 - b0 : p1 - b0].copy_(s)
+            _put_codes(codes, row, c0 - base, c1 - base, m - base, bits, w, tmp)
+            if residual and v > c0:
+                w.view(k, block).mul_(s.unsqueeze(1))
+                source[row * m + c0 : row * m + v].sub_(w[: v - c0])
     return lost
 
 
@@ -370,29 +352,6 @@ def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, b
         c1 = min(width, c0 + step)
         _decode_piece(codes, scales, c0, c1, m, bits, block, out[:, c0:c1], scratch)
     return out[:, :m]
-
-
-def _decode_to_flat(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int, out: torch.Tensor,
-                    spare: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
-    """:func:`_decode_rows` then :func:`_flat_from_rows` into ``out``, with the whole blocks of
-    each row decoded where they land in ``out`` (no second pass over them); each row's last
-    partial block and a last partial row go through ``spare`` (float32 ``[rows, blocks * block]``)."""
-    n = out.numel()
-    full, rest = divmod(n, m)
-    nbw = m // block
-    whole, cw = nbw * block, _code_bytes(nbw * block, bits)
-    if bits == 4 and whole % 2:  # the row's whole blocks end inside a byte
-        return _flat_from_rows(_decode_rows(codes, scales, m, bits, block, spare, scratch), m, out)
-    target = out[: full * m].view(full, m)
-    if full and whole:
-        _decode_rows(codes[:full, :cw], scales[:full, :nbw], whole, bits, block, target[:, :whole], scratch)
-    if full and whole < m:
-        target[:, whole:].copy_(_decode_rows(codes[:full, cw:], scales[:full, nbw:], m - whole, bits, block,
-                                             spare[:full, :block], scratch))
-    if rest:
-        last = _decode_rows(codes[full : full + 1], scales[full : full + 1], m, bits, block, spare[full : full + 1], scratch)
-        out[full * m :].copy_(last[0, :rest])
-    return out
 
 
 def _check_flat(x: torch.Tensor, what: str) -> None:
