@@ -20,6 +20,13 @@ no code for Inf, and one non-finite value says nothing about its neighbours). Th
 such a block is dropped (set to 0, :func:`drop_nonfinite`) so that a NaN does not come back in
 every later round; a non-finite input therefore shows as NaN in that block of the average on
 every worker, for the caller's non-finite policy to see.
+
+Passes. The limit of a codec on a CPU is the memory traffic of its passes, so an encoding works
+a piece of blocks at a time (:data:`PIECE_NUMEL` elements per thread the process may use), every
+pass over the piece running in cache: the input is read once and the codes written once. How
+the work is cut into pieces changes no bit: every operation is elementwise or per block, except
+one, the sign of a block of zeros' scale, which is taken as one ``maximum`` over all the blocks
+would give it (:func:`_zero_signs`).
 """
 
 from __future__ import annotations
@@ -77,9 +84,10 @@ class Encoded(NamedTuple):
 
 
 class Scratch:
-    """Buffers that :func:`~.lowbit.lowbit_average` reuses from one call to the next: a round allocates
-    several copies of the model, and fresh memory costs a page fault per 4 KiB (about half of
-    a round's time on the CPU without them). One per caller (per flat bucket); not thread-safe."""
+    """Buffers that :func:`~.lowbit.lowbit_average` reuses from one call to the next: a round's
+    send and receive buffers, its average and the pieces' working buffers, whose fresh memory
+    would cost a page fault per 4 KiB every round. One per caller (per flat bucket); not
+    thread-safe."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
