@@ -20,10 +20,18 @@ no code for Inf, and one non-finite value says nothing about its neighbours). Th
 such a block is dropped (set to 0, :func:`drop_nonfinite`) so that a NaN does not come back in
 every later round; a non-finite input therefore shows as NaN in that block of the average on
 every worker, for the caller's non-finite policy to see.
+
+Passes. The limit of a codec on a CPU is the memory traffic of its passes, so an encoding works
+a piece of blocks at a time (:data:`PIECE_NUMEL` elements per thread the process may use), every
+pass over the piece running in cache: the input is read once and the codes written once. How
+the work is cut into pieces changes no bit: every operation is elementwise or per block, except
+one, the sign of a block of zeros' scale, which is taken as one ``maximum`` over all the blocks
+would give it (:func:`_zero_signs`).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import NamedTuple
 
@@ -75,19 +83,11 @@ class Encoded(NamedTuple):
         return self.codes.numel() + 4 * self.scales.numel()
 
 
-def _padded(rows: int, m: int, block: int, device, scratch: "Scratch | None" = None, name: str = "") -> torch.Tensor:
-    """A float32 matrix of ``rows`` rows of whole blocks covering ``m`` elements, zero past ``m``
-    (only the tail is cleared: the caller fills columns ``[0, m)``)."""
-    width = -(-m // block) * block
-    xp = _buffer(scratch, name, (rows, width), torch.float32, device)
-    xp[:, m:].zero_()
-    return xp
-
-
 class Scratch:
-    """Buffers that :func:`~.lowbit.lowbit_average` reuses from one call to the next: a round allocates
-    several copies of the model, and fresh memory costs a page fault per 4 KiB (about half of
-    a round's time on the CPU without them). One per caller (per flat bucket); not thread-safe."""
+    """Buffers that :func:`~.lowbit.lowbit_average` reuses from one call to the next: a round's
+    send and receive buffers, its average and the pieces' working buffers, whose fresh memory
+    would cost a page fault per 4 KiB every round. One per caller (per flat bucket); not
+    thread-safe."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
@@ -118,206 +118,248 @@ def _at_least(scratch: Scratch | None, name: str, numel: int, dtype: torch.dtype
     return t[:numel]
 
 
-def _rows_from_flat(xp: torch.Tensor, m: int, flat: torch.Tensor) -> None:
-    """Columns ``[0, m)`` of ``xp``'s rows, in order, hold ``flat``; rows past its end hold zeros."""
-    n = flat.numel()
-    full, rest = divmod(n, m)
-    xp[:full, :m].copy_(flat[: full * m].view(full, m))
-    if rest:
-        xp[full, :rest].copy_(flat[full * m :])
-        xp[full, rest:m].zero_()
-    xp[full + (rest > 0):, :m].zero_()
+# Elements per thread in a piece of the codec's passes: 256 Ki float32 (1 MiB), so that the
+# passes over a piece (absmax, quotient, rounding, codes, decoding, residual) run in cache and
+# each element crosses the memory bus once each way; large enough that the per-operation cost
+# of the few small passes stays a few percent.
+PIECE_NUMEL = 1 << 18
 
 
-def _sub_rows(flat: torch.Tensor, xp: torch.Tensor, m: int) -> None:
-    """``flat`` minus columns ``[0, m)`` of ``xp``'s rows (laid out as :func:`_rows_from_flat`)."""
-    n = flat.numel()
-    full, rest = divmod(n, m)
-    flat[: full * m].view(full, m).sub_(xp[:full, :m])
-    if rest:
-        flat[full * m :].sub_(xp[full, :rest])
+def _piece_blocks(block: int) -> int:
+    """Blocks per piece of an encoding: about :data:`PIECE_NUMEL` elements for each thread this
+    process may use (``torch.get_num_threads()``: each operation on a piece is split between
+    them)."""
+    return max(1, PIECE_NUMEL // block) * max(1, torch.get_num_threads())
 
 
-def _flat_from_rows(xp: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`_rows_from_flat`: ``out`` (flat) takes columns ``[0, m)`` of ``xp``'s rows."""
-    n = out.numel()
-    full, rest = divmod(n, m)
-    out[: full * m].view(full, m).copy_(xp[:full, :m])
-    if rest:
-        out[full * m :].copy_(xp[full, :rest])
-    return out
+def _absmax(blocks: torch.Tensor) -> torch.Tensor:
+    """``max(hi, -lo)`` of each block of ``blocks`` (float32 ``[k, block]``, rows contiguous)
+    from its largest and smallest element, NaN where the block holds a NaN.
+
+    ``amax`` and ``amin`` over a block are fast where ``aminmax`` is not (about 2 ns an element
+    on one thread on the CPU). They give the same numbers, except maybe the sign of a zero: a
+    block of zeros gets its scale from :func:`_zero_signs`."""
+    if blocks.device.type != "cpu":
+        lo, hi = torch.aminmax(blocks, dim=1)
+    else:
+        hi, lo = torch.amax(blocks, dim=1), torch.amin(blocks, dim=1)
+    return torch.maximum(hi, lo.neg_())
 
 
-# Elements per piece of _absmax on the CPU: 4 MiB of float32 (4096 blocks of 256), so that its
-# pairwise passes stay in cache.
-_ABSMAX_PIECE = 1 << 20
+_SECOND_ON_TIE: dict = {}
 
 
-def _absmax(blocks: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
-    """``max(hi, -lo)`` of each block (float32 ``[rows, blocks]``) from ``hi, lo = aminmax`` of the
-    block, NaN where the block holds a NaN.
+def _second_on_tie(total: int, device) -> torch.Tensor:
+    """Where ``torch.maximum`` of two float32 vectors of ``total`` elements keeps its second
+    operand on a tie (bool ``[total]``), with this process's threads: its vectorized loop (runs
+    of 16 or 32 elements) keeps the second, its scalar tail the first, and the threads split the
+    vector where they do. Found by running it on zeros of both signs, once per length."""
+    key = (total, torch.get_num_threads(), str(device))
+    ties = _SECOND_ON_TIE.get(key)
+    if ties is None:
+        if len(_SECOND_ON_TIE) > 64:
+            _SECOND_ON_TIE.clear()
+        zeros = torch.zeros(total, dtype=torch.float32, device=device)
+        ties = _SECOND_ON_TIE[key] = torch.signbit(torch.maximum(zeros, torch.full_like(zeros, -0.0)))
+    return ties
 
-    On the CPU ``aminmax`` over 256 elements at a time is slow (about 2 ns an element on one
-    thread), so the absolute values are halved pairwise with ``maximum`` (NaN-propagating) down
-    to 8 per block, then ``amax``, a piece of blocks at a time so that the pairwise passes stay in
-    cache. The maximum of the absolute values is the same number as ``max(hi, -lo)`` except for
-    the sign of a zero: a block of zeros gets the scale that ``aminmax`` gives it (it can be
-    -0.0, whose bits travel), computed with ``aminmax`` for such blocks only."""
-    rows, nb, block = blocks.shape
-    if blocks.device.type != "cpu" or rows * nb == 0:
-        lo, hi = torch.aminmax(blocks, dim=2)
-        return torch.maximum(hi, lo.neg_())
-    flat = blocks.reshape(rows * nb, block)  # a view: xp is contiguous
-    out = torch.empty(rows * nb, dtype=torch.float32, device=blocks.device)
-    piece = max(1, _ABSMAX_PIECE // block)
-    tmp = _buffer(scratch, "absmax", (piece if scratch is not None else min(piece, rows * nb), block), torch.float32, blocks.device)
-    for lo in range(0, rows * nb, piece):
-        hi = min(lo + piece, rows * nb)
-        t = torch.abs(flat[lo:hi], out=tmp[: hi - lo])
-        h = block
-        while h > 8 and h % 2 == 0:
-            h //= 2
-            torch.maximum(t[:, :h], t[:, h : 2 * h], out=t[:, :h])
-        torch.amax(t[:, :h], dim=1, out=out[lo:hi])
+
+def _zero_signs(out: torch.Tensor, blocks: torch.Tensor, second: torch.Tensor) -> None:
+    """``out`` (:func:`_absmax` of ``blocks``, holding a zero) takes, in place, the zeros that the
+    scales of the encoding's blocks of zeros have had since they came from ``hi, lo = aminmax``
+    of each block and one ``maximum(hi, -lo)`` over all the encoding's blocks (-0.0 is a scale
+    whose bits travel): ``aminmax``'s zeros for such blocks, and of ``hi`` and ``-lo`` the one
+    that ``maximum`` keeps at the block's place in the encoding (``second``: the piece's slice
+    of :func:`_second_on_tie`), so that the piece's bits do not depend on how the encoding is cut."""
     zero = out == 0
-    if bool(zero.any()):
-        # aminmax's zeros for those blocks, then one maximum over the whole [rows, blocks], as
-        # over aminmax's output: whether a tie of zeros keeps the first or the second operand
-        # depends on whether maximum takes its vectorized or its scalar loop at that position.
-        lo, hi = torch.aminmax(flat[zero], dim=1)
-        neg = out.neg()
-        out[zero], neg[zero] = hi, lo
-        out = torch.maximum(out, neg.neg_())
-    return out.view(rows, nb)
+    lo, hi = torch.aminmax(blocks[zero], dim=1)
+    out[zero] = torch.where(second[zero], lo.neg_(), hi)
 
 
-@torch.no_grad()
-def _encode_rows(xp: torch.Tensor, m: int, bits: int, block: int, generator: torch.Generator | None,
-                 codes_out: torch.Tensor | None = None, scratch: Scratch | None = None,
-                 rand_out: torch.Tensor | None = None, decoded: bool = True):
-    """Encode each row of ``xp`` (float32 ``[rows, whole blocks]``, zero past column ``m``) on its
-    own: (codes ``[rows, code bytes of m]``, scales ``[rows, blocks]``, whether a block was lost).
-    ``xp`` is overwritten by the decoded values (what the codes stand for; NaN in a lost block),
-    or with ``decoded=False`` by the codes alone (as float32).
-    The codes go into ``codes_out`` if given (uint8 ``[rows, code bytes]``, may be a strided view);
-    ``rand_out`` (float32, ``xp``'s shape), if given, is overwritten: stochastic rounding draws
-    into it, int4 packs its pairs in it.
+_TINY = torch.finfo(torch.float32).tiny
 
-    Few passes and no large allocation but the codes, because a round encodes the whole model
-    twice: the absmax comes from :func:`_absmax` (NaN propagates through it, so a block with a
-    NaN or an Inf is found from its scale alone), a lost block is cleared only when there is
-    one, the clamp runs only when a code can leave the range, and the quotient, its rounding and
-    the decoding are done in ``xp`` itself."""
-    rows = xp.shape[0]
+
+def _encode_piece(x: torch.Tensor, w: torch.Tensor, first: int, total: int, bits: int,
+                  draws: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+    """Encode the blocks of ``x`` (float32 ``[k, block]``, rows contiguous: blocks ``[first,
+    first + k)`` of an encoding of ``total`` blocks, all rows in order) into ``w`` (float32 ``[k, block]``, contiguous; may be ``x``): the
+    codes as float32 (0 in a lost block); returns the scales (float32 ``[k]``) and whether a
+    block was lost. ``draws``: stochastic rounding's uniform draws in [0, 1), float32, one per
+    element of ``w`` (None: rounding to nearest).
+
+    The passes over the piece: its largest and smallest values, the quotient by the scale, its
+    rounding (and the clamp, only where a code can leave the range); one ``aminmax`` of the
+    piece's absmax values says whether a block was lost (NaN or Inf), whether one is zero and
+    whether a scale is subnormal, so the passes for those cases run only when they occur."""
     qmax = _QMAX[bits]
-    nb = xp.shape[1] // block
-    blocks = xp.view(rows, nb, block)
-    scales = _absmax(blocks, scratch).div_(qmax)
-    finite = torch.isfinite(scales)
-    lost = not bool(finite.all())
+    if x.shape[0] == 0:
+        return torch.empty(0, dtype=torch.float32, device=x.device), False
+    absmax = _absmax(x)
+    lo, hi = (float(v) for v in torch.aminmax(absmax))
+    nan = lo != lo  # aminmax propagates a NaN to both
+    lost = nan or hi == math.inf
+    if lo == 0.0 or (nan and bool((absmax == 0).any())):
+        _zero_signs(absmax, x, _second_on_tie(total, x.device)[first : first + x.shape[0]])
+    scales = absmax.div_(qmax)
+    # Whether a scale may be zero, NaN or subnormal (absmax below qmax times the smallest normal).
+    small = lost or not lo >= qmax * _TINY
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales)) if small else scales  # NaN > 0 is False
+    y = torch.div(x, divisor.unsqueeze(1), out=w)
     if lost:
+        finite = torch.isfinite(scales)
         scales.masked_fill_(~finite, float("nan"))
-        blocks.masked_fill_(~finite.unsqueeze(2), 0.0)
-    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))  # NaN > 0 is False
-    y = blocks.div_(divisor.unsqueeze(2))
-    if generator is None:
+        w.masked_fill_(~finite.unsqueeze(1), 0.0)
+    if draws is None:
         y.round_()
         # A normal scale is absmax / qmax within a relative 2^-24, so |x| / scale is at most
         # qmax (1 + 2^-23) < qmax + 1/2 and rounds into [-qmax, qmax]; only tiny (subnormal)
         # scales, whose quotient is inexact, need the clamp.
-        clamp = bool(((scales > 0) & (scales < torch.finfo(torch.float32).tiny)).any())
+        clamp = small and bool(((scales > 0) & (scales < _TINY)).any())
     else:
         # Always: a quotient of qmax plus a draw just under 1 rounds to qmax + 1 in float32.
-        u = torch.empty_like(xp) if rand_out is None else rand_out
-        y.add_(torch.rand(u.shape, generator=generator, out=u).view(y.shape)).floor_()
+        y.add_(draws.view(y.shape)).floor_()
         clamp = True
     if clamp:
         y.clamp_(-qmax, qmax)
-    cb = m if bits == 8 else (m + 1) // 2
-    codes = torch.empty(rows, cb, dtype=torch.uint8, device=xp.device) if codes_out is None else codes_out
+    return scales, lost
+
+
+def _put_codes(codes: torch.Tensor, row: int, c0: int, c1: int, m: int, bits: int, y: torch.Tensor, pairs: torch.Tensor) -> None:
+    """Columns ``[c0, c1)`` of ``row``'s codes (``codes``: uint8 ``[rows, code bytes of m]``)
+    from ``y``, those columns' codes as float32. ``pairs``: a float32 buffer of at least half
+    ``y``'s elements (int4)."""
     if bits == 8:
-        codes.view(torch.int8).copy_(xp[:, :m])
-    else:
-        # Past m the values are zeros, so an odd m's padding code is a zero code (8). Each pair
-        # is packed in float32, exactly (small integers): lo + 16 hi in [-119, 119] becomes a
-        # byte, and + 136 (mod 256) makes it (lo + 8) + 16 (hi + 8), two nibbles 1..15.
-        if 2 * cb > xp.shape[1]:
-            # An odd block size and an odd length: no column for the padding code.
-            q = torch.empty(rows, 2 * cb, dtype=torch.int8, device=xp.device)
-            q.copy_(xp[:, : 2 * cb])
-            q = q.view(torch.uint8).add_(8)
-            torch.bitwise_or(q[:, 0::2], q[:, 1::2].bitwise_left_shift(4), out=codes)
-        else:
-            pairs = (torch.empty(rows, cb, dtype=torch.float32, device=xp.device) if rand_out is None
-                     else rand_out.view(-1)[: rows * cb].view(rows, cb))  # the draws are spent
-            torch.add(xp[:, 0 : 2 * cb : 2], xp[:, 1 : 2 * cb : 2], alpha=16, out=pairs)
-            codes.view(torch.int8).copy_(pairs)
-            codes.add_(136)
-    if decoded:
-        blocks.mul_(scales.unsqueeze(2))
-    return codes, scales.contiguous(), lost
+        e = min(c1, m)
+        if e > c0:
+            codes[row, c0:e].view(torch.int8).copy_(y[: e - c0])
+        return
+    # Past m the values are zeros, so an odd m's padding code is a zero code (8). Each pair is
+    # packed in float32, exactly (small integers): lo + 16 hi in [-119, 119] becomes a byte, and
+    # + 136 (mod 256) makes it (lo + 8) + 16 (hi + 8), two nibbles 1..15. c0 is even (a block is).
+    e = min(c1, 2 * codes.shape[1])
+    if e > c0:
+        p = pairs[: (e - c0) // 2]
+        torch.add(y[0 : e - c0 : 2], y[1 : e - c0 : 2], alpha=16, out=p)
+        out = codes[row, c0 // 2 : e // 2]
+        out.view(torch.int8).copy_(p)
+        out.add_(136)
+
+
+@torch.no_grad()
+def _encode_rows(rows: int, m: int, n: int, bits: int, block: int, generator: torch.Generator | None,
+                 codes: torch.Tensor, scales: torch.Tensor, source: torch.Tensor | None,
+                 add: torch.Tensor | None = None, residual: bool = False, scratch: Scratch | None = None,
+                 cols: tuple[int, int] | None = None, draws: torch.Tensor | None = None) -> bool:
+    """Encode ``rows`` rows of whole blocks, row ``i`` holding flat elements ``[i m, (i + 1) m)``
+    of ``source`` (``n`` elements; zeros past ``m``, past ``n``, and everywhere when ``source`` is
+    None), each row on its own: the codes into ``codes`` (uint8 ``[rows, code bytes]``, may be a
+    strided view), the scales into ``scales`` (float32 ``[rows, blocks]``); returns whether a
+    block was lost.
+
+    ``cols``: ``(b0, b1)``, only blocks ``[b0, b1)`` of each row (default: all of them), whose
+    codes and scales then start at column 0 of ``codes`` and ``scales``. Stochastic rounding
+    (``generator``) draws for the rows' elements in order; ``draws`` (float32 ``[rows, blocks *
+    block]``, drawn so beforehand) stands for it where only some columns are encoded.
+    ``add`` (flat, ``n`` elements): ``source`` takes ``source + add`` first, in place.
+    ``residual``: ``source`` then takes ``source`` minus the decoded values (what the codes
+    stand for; NaN in a lost block, that the caller drops).
+
+    One piece of blocks at a time (:func:`_piece_blocks`): the piece is read from ``source``,
+    encoded (:func:`_encode_piece`), its codes stored, decoded and subtracted while it is in
+    cache; the input is read once and the codes written once, with no buffer of the input's
+    size."""
+    nb = -(-m // block)
+    b0, b1 = (0, nb) if cols is None else cols
+    base = b0 * block
+    per = _piece_blocks(block)
+    device = codes.device
+    size = min(per, max(b1 - b0, 1)) * block
+    work = _at_least(scratch, "work", size, torch.float32, device)
+    tmp = _at_least(scratch, "tmp", size, torch.float32, device)
+    lost = False
+    for row in range(rows):
+        for p0 in range(b0, b1, per):
+            p1 = min(b1, p0 + per)
+            k, c0, c1 = p1 - p0, p0 * block, p1 * block
+            v = max(c0, min(c1, m, n - row * m)) if source is not None else c0  # the end of the input's columns
+            w = work[: c1 - c0]
+            if v == c1:
+                # The piece is one run of the input: read where it is.
+                x = source[row * m + c0 : row * m + v]
+                if add is not None:
+                    x.add_(add[row * m + c0 : row * m + v])
+            else:
+                x = w
+                if v > c0:
+                    src = source[row * m + c0 : row * m + v]
+                    if add is not None:
+                        src.add_(add[row * m + c0 : row * m + v])
+                    w[: v - c0].copy_(src)
+                w[v - c0 :].zero_()
+            if draws is not None:
+                u = draws[row, c0:c1]
+            elif generator is not None:
+                u = torch.rand(c1 - c0, generator=generator, out=tmp[: c1 - c0])
+            else:
+                u = None
+            s, piece_lost = _encode_piece(x.view(k, block), w.view(k, block), row * nb + p0, rows * nb, bits, u)
+            lost |= piece_lost
+            scales[row, p0 - b0 : p1 - b0].copy_(s)
+            _put_codes(codes, row, c0 - base, c1 - base, m - base, bits, w, tmp)
+            if residual and v > c0:
+                w.view(k, block).mul_(s.unsqueeze(1))
+                source[row * m + c0 : row * m + v].sub_(w[: v - c0])
+    return lost
 
 
 def drop_nonfinite(residual: torch.Tensor) -> None:
     residual.masked_fill_(~torch.isfinite(residual), 0.0)
 
 
+def _decode_piece(codes: torch.Tensor, scales: torch.Tensor, c0: int, c1: int, m: int, bits: int, block: int,
+                  out: torch.Tensor, scratch: Scratch | None = None) -> None:
+    """Columns ``[c0, c1)`` (whole blocks) of :func:`_decode_rows` into ``out`` (float32
+    ``[rows, c1 - c0]``, rows contiguous)."""
+    rows = scales.shape[0]
+    if bits == 8:
+        used = max(min(c1, m), c0)
+        out[:, : used - c0].copy_(codes[:, c0:used].view(torch.int8))
+    else:
+        cb = codes.shape[1]
+        used = max(min(c1, 2 * cb), c0)
+        nbytes = (used - c0) // 2
+        # Unpacked to signed bytes first, so that the float32 output takes one contiguous
+        # conversion and no subtraction: each byte c widened to 16 bits becomes
+        # (c & 15) | (c >> 4) << 8, whose two bytes are the pair in order (little-endian),
+        # minus 8 each. Contiguous 16-bit passes, where strided byte stores are slow.
+        q = _at_least(scratch, "int4", rows * nbytes, torch.int16, codes.device).view(rows, nbytes)
+        high = _at_least(scratch, "int4 high", rows * nbytes, torch.int16, codes.device).view(rows, nbytes)
+        q.copy_(codes[:, c0 // 2 : c0 // 2 + nbytes])
+        torch.bitwise_left_shift(q, 4, out=high).bitwise_and_(0x0F00)
+        q.bitwise_and_(0xF).bitwise_or_(high)
+        pairs = q.view(torch.int8) if sys.byteorder == "little" else q.view(torch.int8).view(rows, nbytes, 2).flip(2)
+        out[:, : used - c0].copy_(pairs.sub_(8).reshape(rows, 2 * nbytes))
+    out[:, used - c0 :].zero_()
+    out.view(rows, -1, block).mul_(scales[:, c0 // block : c1 // block].unsqueeze(2))
+
+
 @torch.no_grad()
 def _decode_rows(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int,
                  out: torch.Tensor | None = None, scratch: Scratch | None = None) -> torch.Tensor:
     """Decode :func:`_encode_rows`' output back to float32: a ``[rows, m]`` view of whole blocks
-    (of ``out``, float32 ``[rows, blocks * block]``, if given)."""
+    (of ``out``, float32 ``[rows, blocks * block]``, if given), a piece of columns at a time so
+    that each piece's conversion and multiplication by its scales run in cache."""
     rows, nb = scales.shape
     if out is None:
         out = torch.empty(rows, nb * block, dtype=torch.float32, device=codes.device)
-    if bits == 8:
-        out[:, :m].copy_(codes.view(torch.int8))
-        used = m
-    else:
-        cb = codes.shape[1]
-        used = 2 * cb
-        if used > out.shape[1]:  # an odd block size and an odd length: no column for the padding code
-            out[:, 0:used:2].copy_(codes & 0xF)
-            out[:, 1:used:2].copy_(codes >> 4)
-            out[:, :used].sub_(8)
-        else:
-            # Unpacked to signed bytes first, so that the float32 output takes one contiguous
-            # conversion and no subtraction: each byte c widened to 16 bits becomes
-            # (c & 15) | (c >> 4) << 8, whose two bytes are the pair in order (little-endian),
-            # minus 8 each. Contiguous 16-bit passes, where strided byte stores are slow.
-            q = _at_least(scratch, "int4", rows * cb, torch.int16, codes.device).view(rows, cb)
-            high = _at_least(scratch, "int4 high", rows * cb, torch.int16, codes.device).view(rows, cb)
-            q.copy_(codes)
-            torch.bitwise_left_shift(q, 4, out=high).bitwise_and_(0x0F00)
-            q.bitwise_and_(0xF).bitwise_or_(high)
-            pairs = q.view(torch.int8) if sys.byteorder == "little" else q.view(torch.int8).view(rows, cb, 2).flip(2)
-            out[:, :used].copy_(pairs.sub_(8).reshape(rows, used))
-    out[:, used:].zero_()
-    out.view(rows, nb, block).mul_(scales.unsqueeze(2))
+    if bits == 4 and 2 * codes.shape[1] > nb * block:  # an odd block size and an odd length
+        raise ValueError(f"Invalid int4 codes: {codes.shape[1]} bytes for {nb * block} elements")
+    width = nb * block
+    step = max(1, PIECE_NUMEL * max(1, torch.get_num_threads()) // max(rows, 1) // block) * block
+    for c0 in range(0, width, step):
+        c1 = min(width, c0 + step)
+        _decode_piece(codes, scales, c0, c1, m, bits, block, out[:, c0:c1], scratch)
     return out[:, :m]
-
-
-def _decode_to_flat(codes: torch.Tensor, scales: torch.Tensor, m: int, bits: int, block: int, out: torch.Tensor,
-                    spare: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
-    """:func:`_decode_rows` then :func:`_flat_from_rows` into ``out``, with the whole blocks of
-    each row decoded where they land in ``out`` (no second pass over them); each row's last
-    partial block and a last partial row go through ``spare`` (float32 ``[rows, blocks * block]``)."""
-    n = out.numel()
-    full, rest = divmod(n, m)
-    nbw = m // block
-    whole, cw = nbw * block, _code_bytes(nbw * block, bits)
-    if bits == 4 and whole % 2:  # the row's whole blocks end inside a byte
-        return _flat_from_rows(_decode_rows(codes, scales, m, bits, block, spare, scratch), m, out)
-    target = out[: full * m].view(full, m)
-    if full and whole:
-        _decode_rows(codes[:full, :cw], scales[:full, :nbw], whole, bits, block, target[:, :whole], scratch)
-    if full and whole < m:
-        target[:, whole:].copy_(_decode_rows(codes[:full, cw:], scales[:full, nbw:], m - whole, bits, block,
-                                             spare[:full, :block], scratch))
-    if rest:
-        last = _decode_rows(codes[full : full + 1], scales[full : full + 1], m, bits, block, spare[full : full + 1], scratch)
-        out[full * m :].copy_(last[0, :rest])
-    return out
 
 
 def _check_flat(x: torch.Tensor, what: str) -> None:
@@ -330,18 +372,18 @@ def encode(x: torch.Tensor, bits: int, *, block: int = BLOCK_NUMEL, generator: t
     _check_flat(x, "encode input")
     bits = _check_bits(bits)
     block = _check_block(block, bits)
-    xp = _padded(1, x.numel(), block, x.device)
-    xp[0, : x.numel()].copy_(x)
-    codes, scales, _ = _encode_rows(xp, x.numel(), bits, block, generator, decoded=False)
-    return Encoded(codes[0], scales[0], x.numel(), bits, block)
+    n = x.numel()
+    codes = torch.empty(1, _code_bytes(n, bits), dtype=torch.uint8, device=x.device)
+    scales = torch.empty(1, -(-n // block), dtype=torch.float32, device=x.device)
+    _encode_rows(1, n, n, bits, block, generator, codes, scales, x)
+    return Encoded(codes[0], scales[0], n, bits, block)
 
 
 def decode(enc: Encoded) -> torch.Tensor:
     """The float32 values that ``enc`` stands for."""
     codes, scales, n, bits, block = enc.codes.view(1, -1), enc.scales.view(1, -1), enc.numel, enc.bits, enc.block
     whole = n // block * block  # elements in whole blocks: decoded in place in the result
-    if bits == 4 and block % 2:
-        return _decode_rows(codes, scales, n, bits, block)[0].clone()
+    _check_block(block, bits)
     out = torch.empty(n, dtype=torch.float32, device=codes.device)
     cw = _code_bytes(whole, bits)
     _decode_rows(codes[:, :cw], scales[:, : whole // block], whole, bits, block, out[:whole].view(1, whole))

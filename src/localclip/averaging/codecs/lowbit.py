@@ -19,15 +19,19 @@ feedback could not account for them. Here every element is quantized exactly twi
 once by its sender and once by its shard's owner, and both errors are fed back
 (:class:`~.feedback.ErrorFeedback`).
 
-Transport. Each phase is issued as several collectives of at most :data:`PIECE_BYTES` per
-peer, all started (``start_all_to_all``, ``start_all_gather``) before the first is waited for:
-over gloo on a shaped 100 Mbit/s link one all-to-all of 12.3 MB each way took 1.9-2.1 s (twice
-the wire time) and 8 such pieces one after the other as long, while 32 pieces in flight
-together took 1.04 s. The pieces carry the same bytes, so the results do not depend on them.
-:func:`start_lowbit_average` issues the reduction in three phases (:class:`LowbitPending`:
-encode and start the all-to-all; owner sum, re-encode and start the all-gather; decode), so
-that a caller can compute between them; :func:`lowbit_average` runs the three at once. The
-phases do the same arithmetic in the same order, so the bits do not depend on when each runs.
+Transport. Each chunk travels in pieces of at most :data:`PIECE_BYTES` per peer, each piece a
+run of whole blocks, their codes followed by their scales (the weight, if any, goes first, in the
+first piece), so that a piece can be decoded as soon as it lands. Over gloo on a shaped
+100 Mbit/s link one all-to-all of 12.3 MB each way took 1.9-2.1 s (twice the wire time) and 32
+pieces in flight together 1.04 s. The round is pipelined piece by piece, so that it costs about
+the larger of the codec's work and the wire time rather than their sum: :func:`start_lowbit_average`
+starts each piece's all-to-all as soon as that piece is encoded (the next is encoded while it
+travels); :meth:`LowbitPending.advance` decodes, sums and re-encodes the shard of each piece as
+it arrives and starts that piece's all-gather; :meth:`LowbitPending.wait` decodes each piece of
+the average as it lands. The three phases can be called apart, so that a caller computes
+between them; :func:`lowbit_average` runs the three at once. Every element goes through the
+same arithmetic in the same order however the pieces are cut and whenever each phase runs, so
+the bits depend on neither.
 
 Weights. With ``taking_part`` each chunk also carries its sender's weight (a float32, 1 or 0),
 so that a round can leave workers out (partial participation, non-finite values) without a
@@ -55,8 +59,8 @@ from typing import NamedTuple
 import torch
 
 from localclip.averaging.codecs.blocks import (
-    BLOCK_NUMEL, Scratch, _buffer, _check_bits, _check_block, _check_flat, _decode_rows, _decode_to_flat, _encode_rows,
-    _padded, _rows_from_flat, _sub_rows, drop_nonfinite,
+    BLOCK_NUMEL, Scratch, _at_least, _buffer, _check_bits, _check_block, _check_flat, _decode_piece, _encode_piece,
+    _encode_rows, _piece_blocks, _put_codes, drop_nonfinite,
 )
 from localclip.averaging.codecs.base import Codec
 from localclip.averaging.codecs.feedback import ErrorFeedback
@@ -147,53 +151,81 @@ def start_lowbit_average(
 
     device = delta.device
     m = -(-n // world)  # chunk length: chunk j is worker j's shard
-    xp = _padded(world, m, block, device, scratch, "input")
-    if weighted and not taking_part:
-        xp[:, :m].zero_()
-    elif sending is not None:
-        # The input is delta + residual, summed once: the residual holds it until the decoded
-        # values are subtracted below.
-        _rows_from_flat(xp, m, sending.residual.add_(delta))
-    else:
-        _rows_from_flat(xp, m, delta)
-    nb = xp.shape[1] // block
+    nb = -(-m // block)
     cb = m if bits == 8 else (m + 1) // 2
     wire = cb + 4 * nb  # bytes of one encoded chunk
-    # Each chunk on the wire: its codes, its scales (float32 bytes), and its weight if any.
-    payload = _buffer(scratch, "payload", (world, wire + 4 * weighted), torch.uint8, device)
-    decoded = _buffer(scratch, "decoded", tuple(xp.shape), torch.float32, device)  # free until the all-to-all is in
-    codes, scales, lost = _encode_rows(xp, m, bits, block, generator, payload[:, :cb], scratch, decoded, sending is not None)
-    payload[:, cb:wire].copy_(scales.view(torch.uint8))
+    head = 4 * weighted
+    # Each chunk on the wire: its weight if any, then piece by piece its codes and their scales
+    # (float32 bytes).
+    pieces = _wire_pieces(m, nb, bits, block, head)
+    payload = _buffer(scratch, "payload", (world, wire + head), torch.uint8, device)
+    scales = _buffer(scratch, "scales", (world, max(b1 - b0 for b0, b1, *_ in pieces)), torch.float32, device)
     if weighted:
-        payload[:, wire:].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
-    if sending is not None:
-        # residual <- (delta + residual) - decoded.
-        _sub_rows(sending.residual, xp, m)
-        if lost:
-            drop_nonfinite(sending.residual)
+        payload[:, :head].copy_(torch.full((world, 1), 1.0 if taking_part else 0.0, dtype=torch.float32, device=device).view(torch.uint8))
+    if weighted and not taking_part:
+        source, add = None, None
+    elif sending is not None:
+        # The input is delta + residual, summed into the residual, which then takes what the
+        # codes leave out: residual <- (delta + residual) - decoded.
+        source, add = sending.residual, delta
+    else:
+        source, add = delta, None
+    # Stochastic rounding draws for every element of the rows in order (as when the rows are
+    # encoded one after the other); the pieces take their columns.
+    draws = None if generator is None else torch.rand(
+        (world, nb * block), generator=generator, out=_buffer(scratch, "draws", (world, nb * block), torch.float32, device))
     received = _buffer(scratch, "received", tuple(payload.shape), torch.uint8, device)
     exchange = LowbitPending(comm)
     exchange.payload = payload.numel()
-    exchange._to_all = [comm.start_all_to_all(list(payload[:, lo:hi].unbind(0)), list(received[:, lo:hi].unbind(0)))
-                        for lo, hi in _pieces(payload.shape[1])]
+    exchange._to_all = []
+    lost = False
+    for b0, b1, lo, codes_at, scales_at, hi in pieces:
+        # Each piece leaves as soon as it is encoded; the next is encoded while it travels.
+        k = b1 - b0
+        lost |= _encode_rows(world, m, n, bits, block, None, payload[:, codes_at:scales_at], scales[:, :k], source, add,
+                             sending is not None, scratch, (b0, b1), draws)
+        payload[:, scales_at:hi].copy_(scales[:, :k].view(torch.uint8))
+        exchange._to_all.append(comm.start_all_to_all(list(payload[:, lo:hi].unbind(0)), list(received[:, lo:hi].unbind(0))))
+    if sending is not None and lost:
+        drop_nonfinite(sending.residual)
     exchange._shape = (n, m, bits, block, cb, wire, weighted)
+    exchange._pieces = pieces
     exchange._feedback, exchange._generator, exchange._scratch = feedback, generator, scratch
-    exchange._received, exchange._decoded = received, decoded
+    exchange._received = received
     return exchange
+
+
+def _wire_pieces(m: int, nb: int, bits: int, block: int, head: int) -> list[tuple[int, int, int, int, int, int]]:
+    """How a chunk of ``m`` elements (``nb`` blocks) travels, after ``head`` bytes (its weight):
+    ``(b0, b1, lo, codes_at, scales_at, hi)`` for each piece, blocks ``[b0, b1)`` whose codes are
+    bytes ``[codes_at, scales_at)`` of the chunk and whose scales ``[scales_at, hi)``; the piece
+    travels as bytes ``[lo, hi)`` (the first with the head), at most :data:`PIECE_BYTES`."""
+    q = max(1, (PIECE_BYTES - head) // ((block if bits == 8 else block // 2) + 4))
+    cb = m if bits == 8 else (m + 1) // 2
+    pieces, at = [], head
+    for b0 in range(0, nb, q):
+        b1 = min(nb, b0 + q)
+        codes = (min(b1 * block, m) - b0 * block) if bits == 8 else (min(b1 * block, 2 * cb) - b0 * block) // 2
+        pieces.append((b0, b1, 0 if b0 == 0 else at, at, at + codes, at + codes + 4 * (b1 - b0)))
+        at += codes + 4 * (b1 - b0)
+    return pieces
 
 
 class LowbitPending:
     """A started :func:`lowbit_average`, in three phases, each started by the one before:
 
-    1. :func:`start_lowbit_average`: encode, update the sender's residual, start the all-to-all;
-    2. :meth:`advance`: wait for the all-to-all, decode this worker's shard from every worker and
-       add it in float32 in rank order, re-encode it (shard residual), start the all-gather;
-    3. :meth:`wait`: wait for the all-gather and decode the average.
+    1. :func:`start_lowbit_average`: encode, update the sender's residual and start the
+       all-to-all, a piece at a time;
+    2. :meth:`advance`: as each piece of the all-to-all arrives, decode this worker's shard of it
+       from every worker and add it in float32 in rank order, re-encode it (shard residual) and
+       start that piece of the all-gather;
+    3. :meth:`wait`: decode the average as each piece of the all-gather arrives.
 
-    Between the phases the worker computes on while the transport travels. The phases do the
-    same arithmetic in the same order as the blocking call, so the result has the same bits
-    whenever each is called. Every worker must call :meth:`advance` of its exchanges in the same
-    order (it issues a collective); :meth:`wait` advances first if that was not done.
+    Between the phases the worker computes on while the transport travels; within each, the
+    work on a piece overlaps the travel of the others. The phases do the same arithmetic in the
+    same order as the blocking call, so the result has the same bits whenever each is called.
+    Every worker must call :meth:`advance` of its exchanges in the same order (it issues
+    collectives); :meth:`wait` advances first if that was not done.
 
     Attributes:
         payload: the bytes of the all-to-all's send buffer (:attr:`LowbitRound.payload`), known
@@ -217,45 +249,70 @@ class LowbitPending:
         if self._to_all is None:
             return
         n, m, bits, block, cb, wire, weighted = self._shape
-        feedback, scratch, received = self._feedback, self._scratch, self._received
+        feedback, scratch, received, generator = self._feedback, self._scratch, self._received, self._generator
         world, device = self.comm.world_size, received.device
-        for p in self._to_all:
-            p.wait()
-        self._to_all = None
-        # My shard: everyone's chunk `rank`, decoded and added in float32 in rank order.
-        parts = _decode_rows(received[:, :cb], received[:, cb:wire].contiguous().view(torch.float32), m, bits, block, self._decoded,
-                             scratch)
-        sp = _padded(1, m, block, device, scratch, "shard")
-        shard = sp[0, :m]
-        torch.add(parts[0], parts[1], out=shard)
-        for i in range(2, world):
-            shard.add_(parts[i])
-        if weighted:
-            weights = received[:, wire:].contiguous().view(torch.float32)[:, 0]
-            total = weights[0].clone()
-            for i in range(1, world):
-                total.add_(weights[i])
-            shard.div_(total)
-            self._count = int(total.item())
-        else:
-            shard.div_(world)
-            self._count = world
-        if feedback is not None:
-            if feedback.shard_residual is None or feedback.shard_residual.numel() != m:
-                feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
-            shard.add_(feedback.shard_residual)
-            feedback.shard_residual.copy_(shard)
+        nb = -(-m // block)
+        gather_pieces = _wire_pieces(m, nb, bits, block, 0)
         mine = _buffer(scratch, "mine", (1, wire), torch.uint8, device)
-        # The parts are summed: their buffer takes the shard's random draws.
-        _, shard_scales, lost = _encode_rows(sp, m, bits, block, self._generator, mine[:, :cb], scratch, self._decoded[:1],
-                                             feedback is not None)
-        mine[:, cb:].copy_(shard_scales.view(torch.uint8))
-        if feedback is not None:
-            feedback.shard_residual.sub_(shard)
-            if lost:
-                drop_nonfinite(feedback.shard_residual)
+        shard_scales = _buffer(scratch, "shard scales", (1, max(b1 - b0 for b0, b1, *_ in gather_pieces)), torch.float32, device)
+        per = _piece_blocks(block)
+        size = min(per, nb) * block
+        parts_buffer = _at_least(scratch, "parts", world * size, torch.float32, device)
+        work = _at_least(scratch, "work", size, torch.float32, device)
+        tmp = _at_least(scratch, "tmp", size, torch.float32, device)
         self._gathered = _buffer(scratch, "gathered", (world, wire), torch.uint8, device)
-        self._gather = [self.comm.start_all_gather(mine[0, lo:hi], list(self._gathered[:, lo:hi].unbind(0))) for lo, hi in _pieces(wire)]
+        self._gather = []
+        lost = False
+        for p, (pending, piece, sent) in enumerate(zip(self._to_all, self._pieces, gather_pieces)):
+            pending.wait()
+            if p == 0:
+                if weighted:
+                    weights = received[:, :4].contiguous().view(torch.float32)[:, 0]
+                    total = weights[0].clone()
+                    for i in range(1, world):
+                        total.add_(weights[i])
+                    self._count = int(total.item())
+                else:
+                    total = self._count = world
+                if feedback is not None and (feedback.shard_residual is None or feedback.shard_residual.numel() != m):
+                    feedback.shard_residual = torch.zeros(m, dtype=torch.float32, device=device)
+            b0, b1, _, codes_at, scales_at, hi = piece
+            codes, scales = received[:, codes_at:scales_at], received[:, scales_at:hi].clone().view(torch.float32)
+            base = b0 * block
+            _, _, lo_out, codes_out, scales_out, hi_out = sent
+            # My shard of the piece, a cache-sized part at a time: everyone's chunk `rank`
+            # decoded and added in float32 in rank order, divided, plus the shard residual, then
+            # re-encoded (the residual takes what the codes leave out).
+            for s0 in range(b0, b1, per):
+                s1 = min(b1, s0 + per)
+                k, c0, c1 = s1 - s0, s0 * block, s1 * block
+                parts = parts_buffer[: world * (c1 - c0)].view(world, c1 - c0)
+                _decode_piece(codes, scales, c0 - base, c1 - base, m - base, bits, block, parts, scratch)
+                v = max(min(c1, m) - c0, 0)
+                w = work[: c1 - c0]
+                shard = w[:v]
+                torch.add(parts[0, :v], parts[1, :v], out=shard)
+                for i in range(2, world):
+                    shard.add_(parts[i, :v])
+                shard.div_(total)
+                if feedback is not None:
+                    residual = feedback.shard_residual[c0 : c0 + v]
+                    shard.add_(residual)
+                    residual.copy_(shard)
+                w[v:].zero_()
+                u = None if generator is None else torch.rand(c1 - c0, generator=generator, out=tmp[: c1 - c0])
+                s, piece_lost = _encode_piece(w.view(k, block), w.view(k, block), s0, nb, bits, u)
+                lost |= piece_lost
+                shard_scales[0, s0 - b0 : s1 - b0].copy_(s)
+                _put_codes(mine[:, codes_out:scales_out], 0, c0 - base, c1 - base, m - base, bits, w, tmp)
+                if feedback is not None:
+                    w.view(k, block).mul_(s.unsqueeze(1))
+                    residual.sub_(shard)
+            mine[:, scales_out:hi_out].copy_(shard_scales[:, : b1 - b0].view(torch.uint8))
+            self._gather.append(self.comm.start_all_gather(mine[0, lo_out:hi_out], list(self._gathered[:, lo_out:hi_out].unbind(0))))
+        self._to_all = None
+        if feedback is not None and lost:
+            drop_nonfinite(feedback.shard_residual)
 
     @torch.no_grad()
     def wait(self) -> LowbitRound:
@@ -263,13 +320,31 @@ class LowbitPending:
         self.advance()
         if self._result is None:
             n, m, bits, block, cb, wire, _ = self._shape
-            for p in self._gather:
-                p.wait()
             gathered, scratch, world = self._gathered, self._scratch, self.comm.world_size
-            out = torch.empty(n, dtype=torch.float32, device=gathered.device) if scratch is None else scratch.output(n, gathered.device)
-            average = _decode_to_flat(gathered[:, :cb], gathered[:, cb:].contiguous().view(torch.float32), m, bits, block, out,
-                                      self._decoded, scratch)
-            self._result = LowbitRound(average, (world - 1) * (self._received.shape[1] + wire), self.payload, self._count)
+            device = gathered.device
+            out = torch.empty(n, dtype=torch.float32, device=device) if scratch is None else scratch.output(n, device)
+            nb = -(-m // block)
+            per = _piece_blocks(block)
+            spare = _at_least(scratch, "work", min(per, nb) * block, torch.float32, device)
+            for pending, (b0, b1, _, codes_at, scales_at, hi) in zip(self._gather, _wire_pieces(m, nb, bits, block, 0)):
+                pending.wait()
+                codes, scales = gathered[:, codes_at:scales_at], gathered[:, scales_at:hi].clone().view(torch.float32)
+                base = b0 * block
+                # Each owner's shard of the piece, decoded where it lands in the average (a
+                # part that ends inside a block, past the end, through a spare buffer).
+                for j in range(world):
+                    for s0 in range(b0, b1, per):
+                        s1 = min(b1, s0 + per)
+                        c0, c1 = s0 * block, s1 * block
+                        v = max(c0, min(c1, m, n - j * m))
+                        if v == c0:
+                            continue
+                        target = out[j * m + c0 : j * m + c1] if v == c1 else spare[: c1 - c0]
+                        _decode_piece(codes[j : j + 1], scales[j : j + 1], c0 - base, c1 - base, m - base, bits, block,
+                                      target.view(1, -1), scratch)
+                        if v < c1:
+                            out[j * m + c0 : j * m + v].copy_(target[: v - c0])
+            self._result = LowbitRound(out, (world - 1) * (self._received.shape[1] + wire), self.payload, self._count)
             self._gather = None
         return self._result
 
