@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--hold-at", type=int, default=0, help="before this step, wait until the file --gate exists")
     ap.add_argument("--gate", default="")
     ap.add_argument("--start-gate", default="", help="before the first round, wait until this file exists")
+    ap.add_argument("--limit", default="", help="a file holding a step: wait before any later step until it holds a later one")
     ap.add_argument("--die-in-round", type=int, default=0, help="SIGKILL this process inside the round after this step, its transport started")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -74,6 +75,8 @@ def main() -> int:
         step = averager.step_count + 1  # a heal mid-run moves it on to the peer's
         while step == args.hold_at and not os.path.exists(args.gate):
             time.sleep(0.05)
+        while args.limit and step > _read_limit(args.limit):
+            time.sleep(0.05)
         g = torch.Generator().manual_seed(rng.derive_seed("ft-test", args.rank, step))
         x = torch.randn(32, 16, generator=g)
         y = torch.randn(32, 8, generator=g)
@@ -101,6 +104,14 @@ def main() -> int:
     log.close()
     membership.shutdown()
     return 0
+
+
+def _read_limit(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ machine (where starting a Python process with torch takes tens of seconds). A te
 only the processes it started, by pid (helpers.FtWorkers).
 """
 
+import os
 import random
 import signal
 
@@ -139,28 +140,38 @@ def test_chaos_one_of_three_killed_about_every_50_steps_and_restarted_the_run_co
         if at > steps - 4 * PERIOD:
             break
         plan.append((at, chance.randrange(3)))
-    # A join timeout far above any stall of a live worker: only a dead (or frozen) one, whose
-    # heartbeats stop for 2 s, is left out of a round.
+    # The workers may run 2 periods past the next kill's step and no further (the file
+    # ``limit``): a restarted worker takes seconds to start (minutes on a loaded machine), and
+    # the others must still be there when it asks to join. While they wait at the limit it
+    # waits at the lighthouse; then the limit moves on and it heals at their next round.
+    limit = tmp_path / "limit"
+
+    def allow(step):
+        (tmp_path / "limit.tmp").write_text(str(step))
+        os.replace(tmp_path / "limit.tmp", limit)
+
+    # A join timeout far above any stall of a live worker: only a dead one, whose heartbeats
+    # stop for 2 s, is left out of a round.
     workers = FtWorkers(tmp_path, 3, min_replicas=2, join_timeout=60.0, heartbeat_timeout=HEARTBEAT)
     try:
-        options = dict(steps=steps, sleep=0.1, timeout=30.0, hold_at=steps - PERIOD + 1, gate=tmp_path / "gate")
+        options = dict(steps=steps, sleep=0.05, timeout=30.0, limit=limit)
+        allow(plan[0][0] + 2 * PERIOD)
         procs = workers.start_together(**options)
-        reached = lambda: max(max(_steps(workers.records(r)), default=0) for r in range(3))  # noqa: E731
+        last = lambda r: max(_steps(workers.records(r)), default=0)  # noqa: E731
         killed = []
-        for at, rank in plan:
-            limit = _limit(workers, rank, 2 * (at - reached()) + 4 * PERIOD)
-            wait_until(lambda: reached() >= at, f"the run to reach step {at}", limit)
+        for n, (at, rank) in enumerate(plan):
+            allow(at + 2 * PERIOD)
+            wait_until(lambda: max(last(r) for r in range(3)) >= at, f"the run to reach step {at}", _limit(workers, rank, at))
             workers.signal(procs[rank], signal.SIGKILL)
             procs[rank].wait()
-            killed.append((max(_steps(workers.records(rank)), default=0), rank))
+            killed.append((last(rank), rank))
             procs[rank] = workers.start(rank, **options)
-            # The next kill waits for this one's heal (one worker away at a time); the others
-            # may reach the gate first, where it heals at their last round.
-            at_gate = lambda: all(max(_steps(workers.records(r)), default=0) >= steps - PERIOD for r in range(3) if r != rank)  # noqa: E731
-            wait_until(lambda: _healed(workers.records(rank)) or at_gate(), f"restarted worker {rank} to heal", _limit(workers, (rank + 1) % 3, 8 * PERIOD))
-        if killed and not _healed(workers.records(killed[-1][1])):
-            wait_until(lambda: workers.waiting() >= 1, "the last restarted worker to ask for a quorum", FLOOR)
-        (tmp_path / "gate").touch()
+            others = [r for r in range(3) if r != rank]
+            wait_until(lambda: _healed(workers.records(rank)) or (all(last(r) >= at + 2 * PERIOD for r in others) and workers.waiting() >= 1),
+                       f"restarted worker {rank} to heal or ask to", FLOOR)
+            allow(plan[n + 1][0] + 2 * PERIOD if n + 1 < len(plan) else steps)
+            wait_until(lambda: _healed(workers.records(rank)), f"restarted worker {rank} to heal", FLOOR)
+        allow(steps)
         for proc in procs:
             _finish(workers, proc)
         records = [workers.records(r) for r in range(3)]
@@ -173,16 +184,16 @@ def test_chaos_one_of_three_killed_about_every_50_steps_and_restarted_the_run_co
         lives = _lives(records[rank])
         assert len(lives) == 1 + sum(r == rank for _, r in plan)
         for n, life in enumerate(lives):
-            steps_of = _steps(life)
+            steps_of = _steps(life) or [0]
             # Every process computes consecutive steps: after a kill the others go on without a
             # step lost or repeated, and a restarted one starts where its peers were.
             assert steps_of == list(range(steps_of[0], steps_of[0] + len(steps_of))), (rank, n)
             join = next(r for r in life if "joined" in r)
             assert join["healed"] == (n > 0)  # a restarted process heals from a live peer
-            if n > 0:
+            if n > 0 and len(steps_of) > 1:
                 assert steps_of[0] == join["joined"] + 1
             rounds = [r for r in life if "round" in r]
-            committed = [r["committed"] for r in rounds]
+            committed = [r["committed"] for r in rounds if r["averaged"]]
             assert committed == sorted(set(committed))  # never back: no committed round is lost
             for r in rounds:
                 by_round.setdefault(r["round"], []).append(r)
