@@ -125,10 +125,9 @@ def _lives(records) -> list[list[dict]]:
     return lives
 
 
-def _healed(records) -> bool:
-    """Whether the newest process of a worker has healed from a live peer (its join round)."""
-    lives = _lives(records)
-    return bool(lives) and any(r.get("healed") for r in lives[-1])
+def _healed(records, pid: int) -> bool:
+    """Whether process ``pid`` of a worker has healed from a live peer (its join round)."""
+    return any(life[0]["pid"] == pid and any(r.get("healed") for r in life) for life in _lives(records))
 
 
 def test_chaos_one_of_three_killed_about_every_50_steps_and_restarted_the_run_completes(tmp_path):
@@ -167,10 +166,11 @@ def test_chaos_one_of_three_killed_about_every_50_steps_and_restarted_the_run_co
             killed.append((last(rank), rank))
             procs[rank] = workers.start(rank, **options)
             others = [r for r in range(3) if r != rank]
-            wait_until(lambda: _healed(workers.records(rank)) or (all(last(r) >= at + 2 * PERIOD for r in others) and workers.waiting() >= 1),
-                       f"restarted worker {rank} to heal or ask to", FLOOR)
+            pid = procs[rank].pid
+            wait_until(lambda: _healed(workers.records(rank), pid) or (all(last(r) >= at + 2 * PERIOD for r in others) and workers.waiting() >= 1),
+                       f"restarted worker {rank} to heal or ask to", 3 * FLOOR)
             allow(plan[n + 1][0] + 2 * PERIOD if n + 1 < len(plan) else steps)
-            wait_until(lambda: _healed(workers.records(rank)), f"restarted worker {rank} to heal", FLOOR)
+            wait_until(lambda: _healed(workers.records(rank), pid), f"restarted worker {rank} to heal", 3 * FLOOR)
         allow(steps)
         for proc in procs:
             _finish(workers, proc)
