@@ -184,3 +184,91 @@ class RecordingBar:
 
     def close(self):
         self.closed = True
+
+
+class FtWorkers:
+    """Worker processes of a fault-tolerant run (tests/comm/ft_worker.py) over a lighthouse of
+    their own; they write their records to ``out``. Each process this starts is signalled and
+    reaped only by its pid; :meth:`close` kills the ones still running and stops the lighthouse.
+
+    ``start(rank, **options)`` starts worker ``rank`` (options: ``ft_worker.py``'s flags, ``_``
+    for ``-``) and returns its ``Popen``; :meth:`records` reads a worker's records, across its
+    restarts (a restart appends to the same file)."""
+
+    WORKER = Path(__file__).parent / "comm" / "ft_worker.py"
+
+    def __init__(self, out: Path, world: int = 3, *, min_replicas: int = 2, join_timeout: float = 2.0, heartbeat_timeout: float = 2.0):
+        import os
+
+        from localclip.comm import ft
+
+        self.out, self.world = Path(out), world
+        self.lighthouse = ft.start_lighthouse(min_replicas=min_replicas, join_timeout=join_timeout, heartbeat_timeout=heartbeat_timeout)
+        self.started: list[subprocess.Popen] = []
+        self.env = {**os.environ, "PYTHONPATH": str(Path(ft.__file__).resolve().parents[2])}
+
+    def start(self, rank: int, **options) -> subprocess.Popen:
+        flags = []
+        for name, value in {"steps": 40, "sleep": 0.05, "timeout": 20.0, **options}.items():
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+        with open(self.out / f"stderr{rank}-{len(self.started)}.txt", "w") as err:
+            proc = subprocess.Popen([sys.executable, str(self.WORKER), "--rank", str(rank), "--world", str(self.world),
+                                     "--lighthouse", self.lighthouse.address(), "--out", str(self.out), *flags],
+                                    env=self.env, stdout=subprocess.DEVNULL, stderr=err)
+        self.started.append(proc)
+        return proc
+
+    def start_together(self, **options) -> list[subprocess.Popen]:
+        """Start every worker, and let them ask for their first quorum only once all of them
+        are up (a loaded machine may take a minute to start one), so that the first quorum
+        holds them all."""
+        gate = self.out / "start-gate"
+        procs = [self.start(rank, start_gate=gate, **options) for rank in range(self.world)]
+        wait_until(lambda: all(any("started" in r for r in self.records(rank)) or procs[rank].poll() is not None
+                               for rank in range(self.world)), "every worker to start", 900)
+        gate.touch()
+        return procs
+
+    def signal(self, proc: subprocess.Popen, sig: int) -> None:
+        """Send ``sig`` to a process this started (by its pid)."""
+        import os
+
+        assert proc in self.started and proc.poll() is None
+        os.kill(proc.pid, sig)
+
+    def records(self, rank: int) -> list[dict]:
+        path = self.out / f"rank{rank}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
+
+    def stderr(self) -> str:
+        """Every started process's stderr, for a failure's message."""
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.out.glob("stderr*.txt")))
+
+    def waiting(self) -> int:
+        """How many workers wait at the lighthouse for a quorum now (its status page's
+        ``[healthy/waiting participants healthy]``)."""
+        import re
+        import urllib.request
+
+        page = urllib.request.urlopen(f"{self.lighthouse.address()}/status", timeout=30).read().decode()
+        match = re.search(r"\[(\d+)/(\d+) participants healthy\]", page)
+        assert match, f"the lighthouse's status page has changed: {page[:300]}"
+        return int(match.group(2))
+
+    def close(self) -> None:
+        import os
+
+        for proc in self.started:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.lighthouse.shutdown()
+
+
+def wait_until(predicate, what: str, limit: float, poll: float = 0.05) -> None:
+    """Poll ``predicate`` until it holds; an AssertionError naming ``what`` after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit:g}s waiting for {what}")
+        time.sleep(poll)

@@ -743,3 +743,32 @@ def _epoch_steps(workers: int, recipe: str = "ptb-converge") -> int:
 def _whole_periods(steps: int, period: int) -> int:
     """``steps`` rounded to a whole number of periods (at least one)."""
     return max(period, round(steps / period) * period)
+
+
+# -- churn: what a worker's absences cost in quality (docs/algorithm.md section 11) ---------------
+
+CHURN_AWAY = 0.1  # the fraction of the run one worker is away
+
+
+@sweep("churn", report="converge")
+def churn(epochs: float = 12.0) -> Plan:
+    """The quality churn costs — ptb-converge, N=8, CELGC I=32 at its tuned γ: no churn against one worker of 8 away 10 % of the time (a failure plan in the simulator).
+
+    * ``celgc-I32``: no churn (the configuration of ``fair``'s and ``parity``'s ``celgc-I32``).
+    * ``celgc-I32-churn``: the same run with a failure plan (``fail``): in the middle of each
+      epoch e one worker, rank e mod 8, leaves for ``CHURN_AWAY`` of an epoch's steps (117 of
+      1,162, rounded to whole periods: 128, 11 %), its batches of those steps skipped, and
+      heals from a live peer at the round that ends its absence. So one worker of 8 is away
+      about 10 % of the time, each in turn, and the group trains on about 1/80 less data.
+
+    Both runs are deterministic (the simulator's plan); the difference of their final
+    validation perplexities is the cost. 4 validations per epoch.
+    """
+    celgc = dict(algorithm="celgc", period=32, gamma=CELGC_BEST_GAMMA)
+    per_epoch = _epoch_steps(8)
+    away = _whole_periods(math.ceil(CHURN_AWAY * per_epoch), 32)
+    plan = [f"{e % 8}@{e * per_epoch + per_epoch // 2}:{e * per_epoch + per_epoch // 2 + away}" for e in range(math.ceil(epochs))]
+    return [
+        ("celgc-I32", _converge(epochs, **celgc)),
+        ("celgc-I32-churn", _converge(epochs, **celgc, fail=plan)),
+    ]
