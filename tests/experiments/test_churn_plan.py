@@ -1,7 +1,6 @@
 """The ``churn`` sweep: no churn against one worker of 8 away about 10 % of the time, the same
 run otherwise; its failure plan is valid for the simulator; a smoke run of both."""
 
-import dataclasses
 import json
 
 import pytest
@@ -18,11 +17,11 @@ def test_churn_pairs_a_run_with_a_copy_that_has_one_worker_of_8_away_a_tenth_of_
     assert list(runs) == ["celgc-I32", "celgc-I32-churn"]
     calm, churn = runs["celgc-I32"], runs["celgc-I32-churn"]
     assert calm == dict(sweeps.plan("fair"))["celgc-I32"]  # the no-churn run is fair's CELGC I = 32
-    assert dataclasses.replace(churn, fail=[]) == calm and not calm.fail
+    assert churn.replace(fail=[]) == calm and not calm.algorithm.fail
     resolved = churn.resolved()
-    assert (resolved.workers, resolved.period, resolved.epochs) == (8, 32, 12)
-    plan = parse_plan(churn.fail)
-    check_plan(plan, resolved.workers, resolved.period)  # the simulator accepts it
+    assert (resolved.algorithm.workers, resolved.round.period, resolved.schedule.epochs) == (8, 32, 12)
+    plan = parse_plan(churn.algorithm.fail)
+    check_plan(plan, resolved.algorithm.workers, resolved.round.period)  # the simulator accepts it
     per_epoch = plans.WORKER_STEPS_PER_EPOCH["ptb-converge"] // 8
     assert [a.rank for a in plan] == [e % 8 for e in range(12)]
     for e, a in enumerate(plan):  # one absence inside each epoch, a whole number of periods long
