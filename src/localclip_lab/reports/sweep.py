@@ -31,8 +31,8 @@ from localclip import jsonio
 from localclip.algorithms.build import ALGORITHMS
 from localclip.averaging.codecs import LOWBIT, encoded_nbytes
 from localclip.errors import LocalclipError
-from localclip.experiments import mechanism
-from localclip.experiments.plans import SWEEPS, SweepError, plan, report_kind
+from localclip_lab.reports import mechanism
+from localclip_lab.plans import SWEEPS, SweepError, plan, report_kind
 from localclip.train.run_folder import RESUME_MAY_CHANGE, atomic_write_text
 
 __all__ = ["AWD_MESSAGE_BYTES", "BANDWIDTH", "LATENCY", "LINKS", "report"]
@@ -279,7 +279,7 @@ def _speedup_end_columns(rows: list[dict], finished: dict) -> tuple[dict, str]:
     target of ``SPEEDUP_TARGETS`` the local steps each run needs to reach it, the speed-up over
     the smallest N (its steps over this run's) and that speed-up's share of linear (speed-up
     divided by the ratio of the workers)."""
-    from localclip.experiments.plans import SPEEDUP_TARGETS
+    from localclip_lab.plans import SPEEDUP_TARGETS
 
     base = min(rows, key=lambda r: r["N"] or 0) if rows else None
     ends = {row["run"]: _epoch_ends(finished[row["run"]]) for row in rows}
@@ -706,7 +706,7 @@ def _speedup_curves(finished: dict, out: Path, name: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from localclip.experiments.plans import SPEEDUP_TARGETS
+    from localclip_lab.plans import SPEEDUP_TARGETS
 
     fig, (by_step, by_epoch) = plt.subplots(1, 2, figsize=(15, 5.2), constrained_layout=True)
     finite = []
@@ -775,7 +775,7 @@ def _markdown(name: str, rows: list[dict], tables: list[tuple[str, list[str]]], 
         lines += ["", "![validation perplexity against local steps per worker, and per epoch](speedup.png)"]
     if result.get("mechanism"):
         lines += ["", "Per epoch: gradient norms, clip fractions, step lengths and how far the averaged model moved "
-                  "(`mechanism.csv`; see `localclip.experiments.mechanism`).", "", "![mechanism](mechanism.png)"]
+                  "(`mechanism.csv`; see `localclip_lab.reports.mechanism`).", "", "![mechanism](mechanism.png)"]
     if result["figure_error"]:
         lines.append(f"No figure: {result['figure_error']}")
     return "\n".join(lines) + "\n"
