@@ -11,7 +11,7 @@ import pytest
 
 import localclip_lab as sweeps
 from localclip_lab import runner
-from localclip_lab.reports.sweep import BANDWIDTH, LATENCY
+from localclip_lab.reports.link import BANDWIDTH, LATENCY
 from localclip.cli import main
 from localclip.errors import ConfigError, LocalclipError
 from localclip.recipes import get_recipe
