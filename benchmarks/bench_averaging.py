@@ -1,6 +1,6 @@
 """Benchmark: one model-averaging round of the AWD-LSTM PTB model (24,221,600 parameters) over gloo.
 
-For each world size, ``localclip.launch.spawn`` starts that many processes (FileStore rendezvous
+For each world size, ``localclip.comm.launch.spawn`` starts that many processes (FileStore rendezvous
 in a temporary folder, no ports), each with ``--threads`` torch intra-op threads (default 1: the
 setting of every multi-worker run on this 2-core machine). Inside each worker the variants of a
 table run interleaved (the starting one rotated each round), each after a ``dist.barrier()``;
@@ -108,7 +108,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from localclip import OuterSGD, PeriodicAverager  # noqa: E402
 from localclip.comm import current  # noqa: E402
-from localclip.launch import spawn  # noqa: E402
+from localclip.comm.launch import spawn  # noqa: E402
 from localclip.models import AWDLSTM  # noqa: E402
 
 BASELINE = "(i) dist.all_reduce, flat float32 [BASELINE]"

@@ -17,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from localclip import experiments, jsonio
-from localclip.experiments.runner import available_cores
+import localclip_lab as experiments
+from localclip import jsonio
+from localclip_lab.runner import available_cores
 
 TIMES = ("time/compute", "time/comm", "time/seconds")
 

@@ -1,6 +1,6 @@
 """Benchmark: torchft 0.2.0's LocalSGD and DiLoCo syncs beside localclip's rounds, same model, same run.
 
-Two processes (``localclip.launch.spawn``, FileStore rendezvous, default gloo group for the
+Two processes (``localclip.comm.launch.spawn``, FileStore rendezvous, default gloo group for the
 baseline and for localclip), each also a torchft replica: a ``Manager`` with torchft's
 ``ProcessGroupGloo``, its own ``TCPStore`` on a free port, and a ``LighthouseServer`` (started
 here, port 0) for the quorum. torchft's own tests set up replicas the same way
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from localclip import OuterSGD, PeriodicAverager  # noqa: E402
 from localclip.comm import current  # noqa: E402
-from localclip.launch import spawn  # noqa: E402
+from localclip.comm.launch import spawn  # noqa: E402
 from localclip.models import AWDLSTM  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

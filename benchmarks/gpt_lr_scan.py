@@ -10,7 +10,7 @@ gradient norm and the clip fraction so far. The published scan is four points, o
     PYTHONPATH=src python benchmarks/gpt_lr_scan.py 10 inf     # blows up within 20 steps
     PYTHONPATH=src python benchmarks/gpt_lr_scan.py 3 0.5      # trains: the recipe's step
 
-It is a script, not a sweep of :mod:`localclip.experiments.plans`, because its loop is not the
+It is a script, not a sweep of :mod:`localclip_lab.plans`, because its loop is not the
 trainer's: it feeds the model one fixed window order and draws the initial weights and dropout
 from the global torch seed. The trainer's one-worker run of the same settings (``single``,
 b = 8, bptt 64, 100 steps, seed 2020) draws its data and randomness from the worker's own

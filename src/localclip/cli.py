@@ -1,5 +1,6 @@
-"""The ``localclip`` command: ``train``, ``recipes``, ``data download|import``, ``plot``, ``sweep``,
-``report``, ``theory`` and ``smoothness``.
+"""The ``localclip`` command: ``train``, ``recipes``, ``data download|import`` and ``plot``, and the
+lab's ``sweep``, ``report``, ``theory`` and ``smoothness`` (:mod:`localclip_lab.cli`), registered only
+when the command line names one of them or asks for the list of commands.
 
 ``train``'s flags map onto the config's sections in one table (:mod:`localclip.train.flags`); every user error is one line
 on stderr naming the problem, and exit status 2 (the other statuses: :data:`EXIT_STATUSES`).
@@ -14,6 +15,9 @@ import os
 import sys
 from pathlib import Path
 
+from localclip.command_line import ensure_corpus as _ensure_corpus
+from localclip.command_line import positive_float as _positive_float
+from localclip.command_line import positive_int as _positive_int
 from localclip.errors import Interrupted, LocalclipError
 
 __all__ = ["EXIT_DIVERGED", "EXIT_STATUSES", "main", "train_config"]
@@ -31,35 +35,26 @@ EXIT_STATUSES = f"""exit status:
   128+N  a second signal N: stopped at once, the last complete checkpoint kept"""
 
 
-def _positive_int(flag):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {flag} value: {text!r} (expected an integer >= 1)") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"invalid {flag} value: {value} (expected an integer >= 1)")
-        return value
-
-    return parse
+#: The commands of the library itself; any other command is the lab's.
+USER_COMMANDS = ("train", "recipes", "data", "plot")
 
 
-def _positive_float(flag, allow_inf=False):
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {flag} value: {text!r} (expected a number > 0)") from None
-        if not value > 0 or math.isnan(value) or (math.isinf(value) and not allow_inf):
-            raise argparse.ArgumentTypeError(f"invalid {flag} value: {text} (expected a {'number > 0 or inf' if allow_inf else 'finite number > 0'})")
-        return value
+def _needs_lab(argv: list[str] | None) -> bool:
+    """Whether parsing ``argv`` needs the lab's commands: it names one, or names no command of the
+    library (the help and the usage error list every command). None: every command."""
+    if argv is None:
+        return True
+    for token in argv:
+        if token in ("--version", "-h", "--help"):
+            return token != "--version"
+        if not token.startswith("-"):
+            return token not in USER_COMMANDS
+    return True
 
-    return parse
 
-
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``localclip`` parser for ``argv`` (None: with every command)."""
     from localclip import __version__
-    from localclip.experiments.plans import SWEEPS
     from localclip.algorithms import ALGORITHMS
     from localclip.averaging import COMPRESSIONS, OUTER_OPTIMIZERS
     from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
@@ -140,51 +135,16 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--bandwidth", type=_positive_float("--bandwidth"), default=1e9, help="modelled link bandwidth in bit/s (default 1e9)")
     plot.add_argument("--latency", type=float, default=50e-6, help="modelled per-round latency in seconds (default 5e-05)")
 
-    # -- sweep and report (localclip.experiments) --
-    from localclip.experiments.plans import describe as describe_sweeps
+    if _needs_lab(argv):
+        from localclip_lab.cli import add_commands
 
-    sweep_cmd = sub.add_parser("sweep", help="run a named sweep (finished runs are skipped, started ones resumed)",
-                               description="Run a named sweep's runs into ROOT/NAME/RUN, up to --jobs at once. Run it again to continue an "
-                                           "interrupted sweep; a run that diverged is a finished result.",
-                               epilog="sweeps:\n" + "\n".join(f"  {line}" for line in describe_sweeps()),
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    sweep_cmd.add_argument("name", metavar="NAME", help=f"a sweep: {', '.join(SWEEPS)}")
-    sweep_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
-    sweep_cmd.add_argument("--epochs", type=_positive_float("--epochs"), help="epochs per run (default: the sweep's own, sized for about an hour of a 2-core CPU)")
-    sweep_cmd.add_argument("--runtime", choices=["simulate", "spawn"], default="simulate", help="simulate (default) or spawn, as for `localclip train`")
-    sweep_cmd.add_argument("--data-root", help="the corpora's folder (PTB sweeps) or the Fashion-MNIST IDX files' folder (image)")
-    sweep_cmd.add_argument("--only", nargs="+", metavar="RUN", help="run only these runs of the sweep")
-    sweep_cmd.add_argument("--max-steps", type=_positive_int("--max-steps"), help="stop every run after K local steps per worker (smoke tests)")
-    sweep_cmd.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run (repeatable)")
-    sweep_cmd.add_argument("--list", action="store_true", help="print the planned runs, one line each, and exit")
-    sweep_cmd.add_argument("--progress", action="store_true", help="a progress bar per run (with --jobs 1)")
-    sweep_cmd.add_argument("--jobs", type=_positive_int("--jobs"), help="runs at once, each in its own process on its share of the cores "
-                           "(default: one per core, which is fastest because every sweep run pins one thread per worker; results do not depend on it)")
-    report_cmd = sub.add_parser("report", help="summarise a sweep's finished runs into summary.csv, summary.md and figure.png")
-    report_cmd.add_argument("name", metavar="NAME", help=f"a sweep: {', '.join(SWEEPS)}")
-    report_cmd.add_argument("--root", default="results/sweeps", help="folder holding the sweeps (default results/sweeps)")
-    report_cmd.add_argument("--loss-target", type=_positive_float("--loss-target"), help="speedup: training-loss target (default: the worst final one)")
-    report_cmd.add_argument("--ppl-target", type=_positive_float("--ppl-target"), help="speedup: validation-perplexity target (default: the worst final one)")
-    report_cmd.add_argument("--check", action="store_true", help="instead of the tables: rerun each finished run up to its first logged interval after a "
-                            "round with today's code and compare that interval's training loss with the committed one (exit 1 if any differs "
-                            "by more than 1e-6 relative)")
-    report_cmd.add_argument("--only", nargs="+", metavar="RUN", help="--check: only these runs")
-    report_cmd.add_argument("--data-root", help="--check: the corpora's folder (default: each run's own)")
-    theory = sub.add_parser("theory", help="the theory check: CELGC on a synthetic (L0, L1)-smooth problem (minutes: 4.4 on a loaded 2-core CPU with the default 3 seeds)")
-    theory.add_argument("--out", default="results/theory", help="output folder (default results/theory)")
-    theory.add_argument("--seeds", type=_positive_int("--seeds"), default=3, help="seeds per setting; the median is reported (default 3)")
-    smooth = sub.add_parser("smoothness", help="estimate local smoothness against gradient norm from a run's checkpoints")
-    smooth.add_argument("run", help="a run folder with checkpoints")
-    smooth.add_argument("--steps", type=_positive_int("--steps"), default=20, help="training steps probed from each starting point (default 20)")
-    smooth.add_argument("--data-root", help="the corpora's folder (default: the run's)")
-    smooth.add_argument("--out", help="output folder (default: the run folder)")
-    # -- end of sweep and report --
+        add_commands(sub)
     return parser
 
 
 def train_config(argv: list[str]):
     """The resolved config that ``localclip train ARGV`` would run (raises ConfigError as it would)."""
-    return _train_config(_parser().parse_args(["train", *argv]))
+    return _train_config(_parser(["train"]).parse_args(["train", *argv]))
 
 
 def _train_config(args):
@@ -246,33 +206,6 @@ def _diverged_at(summary: dict, out: str) -> int | None:
     return summary.get("steps")
 
 
-def _ensure_corpus(config) -> None:
-    """Fetch a missing known corpus on first use (saying what and where); offline, fail clearly."""
-    from localclip import data
-    from localclip.errors import DataError
-
-    if config.workload.dataset not in data.CORPORA:
-        return
-    folder = data.corpus_path(config.workload.dataset, config.workload.data_root)
-    if all((folder / f).is_file() for f in ("train.txt", "valid.txt", "test.txt")):
-        return
-    root = data.resolve_data_root(config.workload.data_root)
-    if config.workload.data_root and not root.is_dir():
-        # A typo must not become a new folder with a download in it: downloading is asked for.
-        raise DataError(
-            f"--data-root {root} does not exist. Point it at the folder that holds {folder.name}/, or download "
-            f"{config.workload.dataset} there with `localclip data download {config.workload.dataset} --data-root {root}`."
-        )
-    print(f"localclip: {config.workload.dataset} is not in {folder}; downloading it there (SHA-256 verified)...", file=sys.stderr)
-    try:
-        data.download_corpus(config.workload.dataset, root, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
-    except DataError as exc:
-        raise DataError(
-            f"{config.workload.dataset} is missing from {folder} and could not be downloaded ({exc}) "
-            f"Or point --data-root / LOCALCLIP_DATA at a folder that holds {folder.name}/."
-        ) from None
-
-
 def _recipes(args) -> int:
     from localclip.recipes import RECIPES, describe, get_recipe
 
@@ -320,96 +253,13 @@ def _plot(args) -> int:
     return 0
 
 
-# -- sweep and report (localclip.experiments) --
-
-
-def _sweep(args) -> int:
-    from localclip import experiments as sweeps
-
-    if args.list:
-        for line in sweeps.plan_lines(args.name, args.root, args.epochs, args.only):
-            print(line)
-        return 0
-    runs = sweeps.plan(args.name, args.epochs, args.only)  # unknown names fail before anything is written
-    corpora = {}
-    for _, config in runs:
-        resolved = config.replace(data_root=args.data_root or config.workload.data_root).resolved()
-        if resolved.workload.task == "lm":
-            corpora.setdefault((resolved.workload.dataset, resolved.workload.data_root), resolved)
-    for resolved in corpora.values():
-        _ensure_corpus(resolved)
-    sweeps.run_sweep(
-        args.name, args.root, epochs=args.epochs, runtime=args.runtime, data_root=args.data_root, only=args.only,
-        progress=args.progress, max_steps=args.max_steps, overrides=args.overrides, jobs=args.jobs,
-        echo=lambda line: print(line, flush=True),
-    )
-    print(f"sweep {args.name}: done; `localclip report {args.name} --root {args.root}` summarises it")
-    return 0
-
-
-def _report(args) -> int:
-    from pathlib import Path
-
-    from localclip.experiments import report
-
-    if args.check:
-        from localclip.experiments.reproduce import check_sweep
-
-        results = check_sweep(Path(args.root) / args.name, only=args.only, data_root=args.data_root, echo=lambda line: print(line, flush=True))
-        differ = [r["run"] for r in results if not r["same"]]
-        print(f"{len(results) - len(differ)} of {len(results)} runs reproduced" + (f"; differ: {', '.join(differ)}" if differ else ""))
-        elsewhere = [r["run"] for r in results if not r["same"] and r["other_cpu"]]
-        if elsewhere:
-            print(f"{', '.join(elsewhere)}: made on another CPU, or one not recorded; MKL and ATen pick their kernels "
-                  "by instruction set, so rerun on that CPU type (or compare with MKL_CBWR=COMPATIBLE set for both) "
-                  "before blaming the code")
-        return 1 if differ else 0
-    result = report(args.name, args.root, loss_target=args.loss_target, ppl_target=args.ppl_target)
-    print(Path(result["markdown"]).read_text(), end="")
-    written = [result["csv"], result["markdown"]] + [result[k] for k in ("figure", "curves") if result.get(k)]
-    print(f"wrote {', '.join(written)}")
-    if result.get("figure_note"):
-        print(f"localclip: {result['figure_note']}", file=sys.stderr)
-    if result["figure_error"]:
-        print(f"localclip: warning: no figure: {result['figure_error']}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _theory(args) -> int:
-    from localclip.experiments.synthetic import theory_check
-
-    result = theory_check(args.out, seeds=tuple(range(args.seeds)))
-    print((Path(args.out) / "summary.md").read_text(), end="")
-    print(f"wrote {args.out}/results.json, summary.md" + (", figure.png" if result.get("figure") else ""))
-    if result.get("figure_note"):
-        print(f"localclip: {result['figure_note']}", file=sys.stderr)
-    return 0 if result["speedup"] else 1
-
-
-def _smoothness(args) -> int:
-    from localclip.experiments.smoothness import probe_run
-
-    result = probe_run(args.run, steps=args.steps, data_root=args.data_root, out=args.out)
-    for note in result["notes"]:
-        print(f"localclip: warning: {note}", file=sys.stderr)
-    fit = result["fit"]
-    print(f"{len(result['points'])} points from {len(result['sources'])} starting points; "
-          f"fit L(x) ≈ {fit['L0']:.4g} + {fit['L1']:.4g}·‖∇f(x)‖ (R² {fit['r2']:.3f})")
-    print(f"wrote {result['json']}" + (f", {result['figure']}" if result.get("figure") else ""))
-    if result.get("figure_note"):
-        print(f"localclip: {result['figure_note']}", file=sys.stderr)
-    return 0
-
-
-# -- end of sweep and report --
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(argv)
     args = parser.parse_args(argv)
-    commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot, "sweep": _sweep, "report": _report,
-                "theory": _theory, "smoothness": _smoothness}
+    commands = {"train": _train, "recipes": _recipes, "data": _data, "plot": _plot}
+    if args.command not in commands:  # one of the lab's, which _parser registered
+        from localclip_lab.cli import COMMANDS as commands
     try:
         return commands[args.command](args)
     except Interrupted as exc:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from localclip.comm import SimulatedWorld, SingleProcess, current
-from localclip.launch import spawn
+from localclip.comm.launch import spawn
 from localclip.averaging.codecs import BLOCK_NUMEL, ErrorFeedback, decode, encode, encoded_nbytes, lowbit_average
 
 from workers import lowbit_cases

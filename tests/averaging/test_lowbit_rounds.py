@@ -10,7 +10,7 @@ import localclip
 from localclip.averaging import PeriodicAverager
 from localclip.comm import SimulatedWorld, current
 from localclip.averaging.participation import sample_participants
-from localclip.launch import spawn
+from localclip.comm.launch import spawn
 from localclip.averaging.codecs import encoded_nbytes
 from localclip.averaging.outer import OuterSGD
 

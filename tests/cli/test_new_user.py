@@ -14,7 +14,7 @@ from tqdm import tqdm
 from localclip import data, jsonio
 from localclip.cli import EXIT_DIVERGED, main
 from localclip.errors import DataError
-from localclip.experiments.plans import SWEEPS
+from localclip_lab.plans import SWEEPS
 from localclip.recipes import RECIPES, get_recipe
 from localclip.train import trainer as trainer_module
 from localclip.train import workloads
@@ -86,12 +86,12 @@ def test_the_json_readers_take_both_encodings():
 
 
 def test_committed_results_with_infinity_still_read():
-    from localclip.experiments.report import _load_finished
+    from localclip_lab.reports.runs import load_finished
     from localclip.plot import load_run
 
     folder = REPO / "results" / "ptb-6ep" / "earlier-code" / "converge" / "local-sgd-I8-lr20"
     assert "Infinity" in (folder / "summary.json").read_text()  # written before the strict encoding
-    run = _load_finished(folder)
+    run = load_finished(folder)
     assert run["summary"]["val/ppl"] == math.inf and run["config"]["gamma"] == math.inf
     plotted = load_run(folder)
     assert plotted["config"]["gamma"] == math.inf and any(r.get("val/ppl") == math.inf for r in plotted["eval"])

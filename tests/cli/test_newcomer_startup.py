@@ -51,3 +51,24 @@ def test_a_model_sharded_by_fsdp_is_still_recognised_once_fsdp_is_imported():
         "assert reason is not None and 'sharded by FSDP' in reason, reason"
     )
     assert "torch.distributed.fsdp" in modules
+
+
+def test_the_library_commands_do_not_import_the_lab():
+    """`localclip --version`, `recipes` and the parse of `train` leave the lab (sweeps, reports,
+    studies) unimported; naming one of its commands brings its commands in."""
+    modules = _modules_after(
+        "import contextlib, io\n"
+        "from localclip.cli import main, train_config\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--version'])\n"
+        "    except SystemExit as exc:\n"
+        "        assert exc.code == 0, exc.code\n"
+        "    assert main(['recipes']) == 0\n"
+        "assert train_config(['ptb-small', '--period', '4']).round.period == 4\n"
+        "lab = sorted(m for m in sys.modules if m.startswith('localclip_lab'))\n"
+        "assert lab == [], lab\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['sweep', 'isweep', '--list']) == 0\n"
+    )
+    assert "localclip_lab.cli" in modules  # the probe got past its checks

@@ -9,7 +9,7 @@ import torch
 
 from localclip.comm import Pending, SimulatedWorld, SingleProcess, current
 from localclip.errors import CommunicationError
-from localclip.launch import spawn
+from localclip.comm.launch import spawn
 
 from workers import completes_while_computing, interleaved_collectives, stall_nonblocking
 

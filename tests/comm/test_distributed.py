@@ -9,7 +9,7 @@ import torch
 from localclip.averaging import PeriodicAverager
 from localclip.comm import SimulatedWorld, SingleProcess
 from localclip.errors import CommunicationError
-from localclip.launch import spawn
+from localclip.comm.launch import spawn
 
 from workers import chunked_averages, collectives, fail_on_rank, reduce_with_then, stall_rank, tiny_model, train_celgc, wrapped_models_refused
 

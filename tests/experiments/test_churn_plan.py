@@ -6,10 +6,10 @@ import json
 import pytest
 from helpers import CUSTOM_OVERRIDES, SHARED, records
 
-from localclip import experiments as sweeps
+import localclip_lab as sweeps
 from localclip.cli import main
 from localclip.comm.membership import check_plan, parse_plan
-from localclip.experiments import plans
+from localclip_lab import plans
 
 
 def test_churn_pairs_a_run_with_a_copy_that_has_one_worker_of_8_away_a_tenth_of_the_time():

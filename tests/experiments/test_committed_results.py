@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from localclip import experiments
+import localclip_lab as experiments
 
 from helpers import REPO
 

@@ -4,7 +4,7 @@ outer Nesterov step at their period; naive a round every step."""
 
 import math
 
-from localclip.experiments import plans, runner
+from localclip_lab import plans, runner
 from localclip.recipes import get_recipe, INNER_SETTINGS
 
 RUNS = dict(plans.plan("gpt-parity"))

@@ -42,7 +42,7 @@ def test_check_reruns_up_to_the_first_round_and_catches_a_changed_number(tmp_pat
 
 
 def test_report_of_a_tuning_sweep_names_each_sides_best_and_writes_the_mechanism(tmp_path):
-    from localclip.experiments import report
+    from localclip_lab import report
 
     sweep = tmp_path / "tune-gamma"
     for name, algorithm, gamma in (("naive-g5", "naive", 5), ("naive-g10", "naive", 10), ("celgc-I32-g5", "celgc", 5)):

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from localclip import experiments
+import localclip_lab as experiments
 from localclip.train.run_folder import RunFolder
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from localclip import experiments
+import localclip_lab as experiments
 from localclip.cli import main
-from localclip.experiments import runner
+from localclip_lab import runner
 from localclip.recipes import converge_schedule, get_recipe
 
 from helpers import CUSTOM_OVERRIDES, SHARED, SMALL
@@ -169,7 +169,7 @@ def _fake_converge_run(folder, algorithm, period, vals, *, epochs=3, steps_per_e
 
 
 def test_converge_report_numbers(tmp_path):
-    from localclip.experiments.report import AWD_MESSAGE_BYTES, LATENCY
+    from localclip_lab.reports.link import AWD_MESSAGE_BYTES, LATENCY
 
     folder = tmp_path / "converge"
     naive = [300, 250, 220, 200, 180, 170, 160, 150, 140, 135, 131, 130]
@@ -238,7 +238,7 @@ def test_converge_report_says_where_a_stopped_run_diverged(tmp_path):
 def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     """Scenario and beyond-the-paper runs are judged against their naive baseline and their plain
     CELGC counterpart, and each group gets its own figure beside them."""
-    from localclip.experiments.report import AWD_MESSAGE_BYTES, LATENCY
+    from localclip_lab.reports.link import AWD_MESSAGE_BYTES, LATENCY
 
     folder = tmp_path / "converge"
     flat = lambda last: [400, 300, 250, 220, 200, 190, 180, 170, 165, 162, 161, last]  # noqa: E731
@@ -272,9 +272,10 @@ def test_converge_report_groups_runs_with_their_baselines(tmp_path):
     assert rows["celgc-I8-bf16"]["steps to it"] == 120
     assert rows["celgc-I8-bf16"]["s to it 1 Gbit/s, 97 MB"] == pytest.approx(120 * per_step + 15 * LATENCY + 15 * AWD_MESSAGE_BYTES / 2 * 8 / 1e9)
     assert result["figures"] == {"main runs": "figure.png", "scenarios": "figure-scenarios.png", "beyond the paper": "figure-beyond.png"}
-    from localclip.experiments.report import _converge_groups, _load_finished
+    from localclip_lab.reports.converge import converge_groups
+    from localclip_lab.reports.runs import load_finished
 
-    groups = _converge_groups({run: _load_finished(folder / run) for run in result["finished"]})
+    groups = converge_groups({run: load_finished(folder / run) for run in result["finished"]})
     # each run once (naive-hetero is its own baseline)
     assert groups["scenarios"] == ["naive-hetero", "celgc-I32-hetero", "celgc-I32-hetero-lr5"]
     assert groups["beyond the paper"] == ["naive", "celgc-I32", "celgc-I32-nesterov", "celgc-I8-bf16", "naive-hetero",
@@ -355,7 +356,7 @@ def _wait_for_checkpoints(proc, root, timeout=180):
 
 
 def _children(tmp) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"localclip.experiments.runner {tmp}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"localclip_lab.runner {tmp}"], capture_output=True, text=True).stdout
     return [int(pid) for pid in out.split()]
 
 
@@ -403,7 +404,7 @@ def test_a_stopped_sweep_leaves_no_run_behind_and_resumes(tmp_path, signum):
 
 
 def test_fair_and_wt2_sweeps_run_each_side_at_its_tuned_gamma():
-    from localclip.experiments.plans import CELGC_BEST_GAMMA, NAIVE_BEST_GAMMA, TUNE_GAMMAS, report_kind
+    from localclip_lab.plans import CELGC_BEST_GAMMA, NAIVE_BEST_GAMMA, TUNE_GAMMAS, report_kind
 
     assert NAIVE_BEST_GAMMA in TUNE_GAMMAS and CELGC_BEST_GAMMA in TUNE_GAMMAS
     fair = dict(experiments.plan("fair"))
@@ -423,21 +424,21 @@ def test_fair_and_wt2_sweeps_run_each_side_at_its_tuned_gamma():
 
 
 def test_a_longer_run_is_judged_against_the_longest_shorter_naive_run():
-    from localclip.experiments.report import _baseline
+    from localclip_lab.reports.converge import baseline
 
     def run(algorithm, epochs, seed=1):
         return {"config": {"algorithm": algorithm, "epochs": epochs, "seed": seed}}
 
     finished = {"naive-6": run("naive", 6), "naive": run("naive", 12), "naive-s2": run("naive", 12, seed=2),
                 "celgc": run("celgc", 12), "celgc-24": run("celgc", 24), "celgc-3": run("celgc", 3)}
-    assert _baseline("celgc", finished["celgc"], finished) == "naive"
-    assert _baseline("celgc-24", finished["celgc-24"], finished) == "naive"  # equal time: the longest shorter one
-    assert _baseline("celgc-3", finished["celgc-3"], finished) is None  # never against a longer one
+    assert baseline("celgc", finished["celgc"], finished) == "naive"
+    assert baseline("celgc-24", finished["celgc-24"], finished) == "naive"  # equal time: the longest shorter one
+    assert baseline("celgc-3", finished["celgc-3"], finished) is None  # never against a longer one
 
 
 @pytest.mark.full  # a small sweep and its report
 def test_speedup_converge_report_counts_steps_to_each_target(tmp_path):
-    from localclip.experiments.plans import SPEEDUP_TARGETS
+    from localclip_lab.plans import SPEEDUP_TARGETS
 
     assert SPEEDUP_TARGETS == (125.0, 120.0)
     runs = dict(experiments.plan("speedup-converge"))
@@ -482,7 +483,7 @@ def test_streaming_sweep_judges_each_round_kind_against_plain_celgc_i8():
 
 
 def test_regime_report_says_how_often_naive_clips_the_mean_gradient(tmp_path):
-    from localclip.experiments.plans import report_kind
+    from localclip_lab.plans import report_kind
 
     assert report_kind("awd-regime") == "regime"
     folder = tmp_path / "awd-regime" / "naive"
@@ -505,10 +506,10 @@ def test_regime_report_says_how_often_naive_clips_the_mean_gradient(tmp_path):
 
 
 def test_a_round_in_flight_costs_only_what_exceeds_its_overlap():
-    from localclip.experiments.report import LATENCY, _seconds
+    from localclip_lab.reports.link import LATENCY, seconds_to
 
     hit = {"step": 100, "comm/rounds": 10, "comm/bytes": 1000}
     wire = 1.25e6 * 8 / 1e9 + LATENCY  # one round: 10 ms on the link plus the latency
-    assert _seconds(hit, 0.01, 1e9, 1.25e6) == pytest.approx(1.0 + 10 * wire)
-    assert _seconds(hit, 0.01, 1e9, 1.25e6, overlap=1) == pytest.approx(1.0 + 10 * (wire - 0.01))
-    assert _seconds(hit, 0.01, 1e9, 1.25e6, overlap=2) == pytest.approx(1.0)  # hidden behind 2 steps
+    assert seconds_to(hit, 0.01, 1e9, 1.25e6) == pytest.approx(1.0 + 10 * wire)
+    assert seconds_to(hit, 0.01, 1e9, 1.25e6, overlap=1) == pytest.approx(1.0 + 10 * (wire - 0.01))
+    assert seconds_to(hit, 0.01, 1e9, 1.25e6, overlap=2) == pytest.approx(1.0)  # hidden behind 2 steps

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from localclip import experiments as sweeps
-from localclip.experiments import runner
-from localclip.experiments.report import BANDWIDTH, LATENCY
+import localclip_lab as sweeps
+from localclip_lab import runner
+from localclip_lab.reports.link import BANDWIDTH, LATENCY
 from localclip.cli import main
 from localclip.errors import ConfigError, LocalclipError
 from localclip.recipes import get_recipe

@@ -8,7 +8,7 @@ import torch
 
 from localclip.cli import main
 from localclip.errors import ConfigError, RunFolderError
-from localclip.experiments import smoothness, synthetic
+from localclip_lab import smoothness, synthetic
 from localclip.train.config import flat_view
 
 from helpers import SHARED, SMOKE_DATA
@@ -98,7 +98,7 @@ def test_smoothness_probe_on_a_short_run(tmp_path, capsys):
 NO_MATPLOTLIB = """
 import sys
 sys.modules["matplotlib"] = None  # import matplotlib now raises ImportError, as when it is not installed
-from localclip.experiments import synthetic
+from localclip_lab import synthetic
 synthetic.DEFAULTS.update(lr=0.008, gamma=0.128, target=1.0)  # a quick theory check
 from localclip.cli import main
 sys.exit(main(sys.argv[1:]))

@@ -40,7 +40,8 @@ def run_training(
     missing corpus there). On
     SIGTERM/SIGINT the workers checkpoint and :class:`~localclip.errors.Interrupted` is raised.
     """
-    from localclip import interrupt, launch
+    from localclip import interrupt
+    from localclip.comm import launch
 
     from localclip import devices
 
@@ -89,7 +90,7 @@ def _run_ft(config: TrainConfig, out: str, config_json: str, resume: bool, progr
     """``--runtime ft``: every worker is a run of its own between rounds (records, evaluations,
     checkpoints, lock) in :func:`replica_folder`; the rounds are fault-tolerant
     (:mod:`localclip.comm.ft`). Returns the summary of the lowest-ranked worker that finished."""
-    from localclip import launch
+    from localclip.comm import launch
     from localclip.algorithms import build as algorithms
 
     def bad(name, why):

@@ -8,12 +8,12 @@ Layout::
 :func:`run_sweep` skips finished runs (``summary.json``), resumes started ones from their latest
 checkpoint and starts the rest, so an interrupted sweep is continued by running it again. It
 owns no training logic: each run is one :func:`localclip.train.run_training` call, in this
-process when ``jobs`` is 1, else in a child process (``python -m localclip.experiments.runner``)
+process when ``jobs`` is 1, else in a child process (``python -m localclip_lab.runner``)
 per run, at most ``jobs`` at a time. One sweep process per sweep folder.
 
 Concurrent runs split the machine's cores: run slot ``s`` of ``jobs`` is bound (CPU affinity)
 to its own share of the cores, so runs do not fight over them. The sweeps pin one intra-op
-thread per worker (see :mod:`localclip.experiments.plans`), so neither the binding nor ``jobs``
+thread per worker (see :mod:`localclip_lab.plans`), so neither the binding nor ``jobs``
 changes a number: a sweep's results are the same whatever ``jobs``.
 """
 
@@ -36,7 +36,7 @@ from localclip import jsonio
 from localclip.algorithms.build import communication_period
 from localclip.averaging.codecs import LOWBIT
 from localclip.errors import Interrupted, LocalclipError
-from localclip.experiments.plans import Plan, SweepError, SweepFailed, plan, select
+from localclip_lab.plans import Plan, SweepError, SweepFailed, plan, select
 from localclip.train import run_training
 from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder, atomic_write_text
@@ -325,7 +325,7 @@ def _start_child(spec: Path, cfg: TrainConfig, out: Path, runtime: str, resume: 
     log = open(spec / "log.txt", "wb")
     # A new session: a Ctrl-C in the terminal reaches the sweep alone, which then stops each
     # child itself (and marks it interrupted) instead of racing them.
-    proc = subprocess.Popen([sys.executable, "-m", "localclip.experiments.runner", str(spec / "job.json")],
+    proc = subprocess.Popen([sys.executable, "-m", "localclip_lab.runner", str(spec / "job.json")],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     return proc, spec, log
 

@@ -2,8 +2,8 @@
 
 A sweep is a plain function ``(epochs) -> [(run_name, TrainConfig), ...]`` registered with
 :func:`sweep`; it derives every run from a recipe with ``TrainConfig.replace`` and owns nothing
-else (running is :mod:`localclip.experiments.runner`'s, tables and figures are
-:mod:`localclip.experiments.report`'s). Its default ``epochs`` is what the research question
+else (running is :mod:`localclip_lab.runner`'s, tables and figures are
+:mod:`localclip_lab.reports.sweep`'s). Its default ``epochs`` is what the research question
 needs; its first docstring line is what ``localclip sweep --list`` and the report print.
 
 Every run pins one intra-op thread per worker (``threads=1``): the number of threads an op
@@ -51,7 +51,7 @@ class SweepFailed(SweepError):
 
 
 #: The report kind of each sweep that needs more than the plain table (see
-#: :func:`localclip.experiments.report.report`): ``"converge"`` judges runs at the end of their
+#: :func:`localclip_lab.reports.sweep.report`): ``"converge"`` judges runs at the end of their
 #: schedule against a naive baseline.
 REPORT_KINDS: dict[str, str] = {}
 
