@@ -58,6 +58,14 @@ def _positive_float(flag, allow_inf=False):
     return parse
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, as every other refusal of the command
+    is: what is wrong and where the help is (argparse prints the whole usage above it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from localclip import __version__
     from localclip.experiments.plans import SWEEPS
@@ -65,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     from localclip.averaging import COMPRESSIONS, OUTER_OPTIMIZERS
     from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
 
-    parser = argparse.ArgumentParser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
+    parser = _Parser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
     parser.add_argument("--version", action="version", version=f"localclip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
