@@ -52,6 +52,14 @@ def _needs_lab(argv: list[str] | None) -> bool:
     return True
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, as every other refusal of the command
+    is: what is wrong and where the help is (argparse prints the whole usage above it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The ``localclip`` parser for ``argv`` (None: with every command)."""
     from localclip import __version__
@@ -59,7 +67,7 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from localclip.averaging import COMPRESSIONS, OUTER_OPTIMIZERS
     from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS
 
-    parser = argparse.ArgumentParser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
+    parser = _Parser(prog="localclip", description="Communication-efficient distributed training with local gradient clipping (CELGC).")
     parser.add_argument("--version", action="version", version=f"localclip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
