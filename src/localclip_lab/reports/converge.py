@@ -22,13 +22,20 @@ QUALITY_LEVELS = (1.2, 1.1, 1.05, 1.0)
 CONVERGE_GROUPS = {"main runs": "", "scenarios": "-scenarios", "beyond the paper": "-beyond"}
 
 
+def _schedule_kind(config: dict) -> tuple:
+    """What kind of schedule a run trains with: step-decayed or constant, with or without the
+    end-of-epoch weight average (a longer run's decay starts later, yet is the same kind)."""
+    return bool(config.get("lr_decay_epochs")), config.get("asgd_patience") or 0
+
 def baseline(run: str, data: dict, finished: dict) -> str | None:
-    """The naive parallel run this run is judged against: same length, seed, data split and
+    """The naive parallel run this run is judged against: same length, seed, data split, schedule and
     momentum. A run longer than every such naive run (CELGC given more epochs, to compare at
     equal time) is judged against the longest shorter one."""
+    # Trained the same way: the schedule (step decay, the end-of-epoch weight average) is part of it.
     key = ("seed", "heterogeneous", "momentum")
     naive = {other: d["config"] for other, d in finished.items()
-             if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)}
+             if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)
+             and _schedule_kind(d["config"]) == _schedule_kind(data["config"])}
     epochs = data["config"].get("epochs") or 0
     same = [other for other, c in naive.items() if c.get("epochs") == epochs]
     if same:
@@ -52,7 +59,7 @@ def _plain(run: str, data: dict, finished: dict) -> str | None:
     participation, momentum, lr and γ, with plain averaging and blocking whole-model float32 rounds."""
     if _group(data["config"]) != "beyond the paper":
         return None
-    key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum", "lr", "gamma")
+    key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum", "lr", "gamma", "lr_decay_epochs", "lr_decay", "asgd_patience")
     matches = [other for other, d in finished.items()
                if d["config"].get("algorithm") == "celgc" and _group(d["config"]) != "beyond the paper"
                and all(d["config"].get(k) == data["config"].get(k) for k in key)]
