@@ -204,5 +204,7 @@ def test_chaos_one_of_three_killed_about_every_50_steps_and_restarted_the_run_co
         assert len({r["committed"] for r in committed}) <= 1, s
     final = by_round[steps]
     assert len(final) == 3 and all(r["quorum"] == 3 and r["post"] == final[0]["post"] for r in final)
-    # The others went on without the killed one: rounds of two.
-    assert sum(seen[0]["quorum"] == 2 and seen[0]["averaged"] == 2 for seen in by_round.values()) >= len(plan) // 2
+    # Whether the others run rounds of two before the restarted worker heals depends on how fast
+    # it restarts (one run on a nearly idle machine recorded no round of two in 11 kills), so it is not
+    # asserted here;
+    # rounds without a departed worker are asserted by test_ft.py's kill test and the SIGSTOP test.
