@@ -641,6 +641,7 @@ def gpt(epochs: float = 2.0) -> Plan:
 
 PARITY_OUTER_LRS = (0.5, 0.7, 1.0)
 PARITY_DROPOUT = 0.2
+PARITY_SECOND_SEED = 2021
 
 
 @sweep("parity", report="converge")
@@ -668,6 +669,8 @@ def parity(epochs: float = 12.0) -> Plan:
     * ``naive-const-asgd`` and ``celgc-I32-const-asgd``: the paper's kind of schedule for both
       sides, a constant lr and γ with the NT-ASGD-like average of end-of-epoch weights
       (``asgd_patience`` 1: it starts after the first epoch whose validation does not improve).
+    * ``naive-const-asgd-s2021`` and ``celgc-I32-const-asgd-s2021``: that pair with a second seed
+      (``PARITY_SECOND_SEED``), since that pair is the one where CELGC drew level.
 
     Rounds: a Nesterov run sends exactly what plain averaging sends (one round every 32 steps).
     4 validations per epoch, at the same steps for every run of a period.
@@ -692,6 +695,8 @@ def parity(epochs: float = 12.0) -> Plan:
         ("celgc-I32-const-asgd", _converge(epochs, decay_start=1.0, **celgc, asgd_patience=1)),
         olr[1.0],
     ]
+    const = {name: cfg for name, cfg in runs if name.endswith("-const-asgd")}
+    runs += [(f"{name}-s{PARITY_SECOND_SEED}", cfg.replace(seed=PARITY_SECOND_SEED)) for name, cfg in const.items()]
     return runs
 
 
