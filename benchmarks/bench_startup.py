@@ -2,7 +2,8 @@
 
 Each round starts both commands as fresh interpreters, one after the other (the order alternating
 from round to round, so that load drift hits both alike); the script prints each command's median
-wall time and their ratio, with the machine it ran on. The command's start-up is what every
+wall time and their ratio; the table is recorded under ``benchmarks/results/``
+(:mod:`_record`: the machine, threads, load and commit above it). The command's start-up is what every
 ``localclip`` invocation pays before it does anything.
 
     PYTHONPATH=src python benchmarks/bench_startup.py            # 10 rounds
@@ -12,38 +13,17 @@ wall time and their ratio, with the machine it ran on. The command's start-up is
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import torch
+from _record import run
 
 COMMANDS = {
     "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     "localclip --version": [sys.executable, "-m", "localclip.cli", "--version"],
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def commit() -> str:
-    try:
-        here = Path(__file__).resolve().parent
-        return subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def timed(argv: list[str]) -> float:
@@ -56,8 +36,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    print(f"cpu {cpu_model()}; {os.cpu_count()} cores; torch {torch.__version__} ({torch.get_num_threads()} threads); "
-          f"commit {commit()}; load average before {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for argv in COMMANDS.values():
         timed(argv)  # warm the file cache
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
@@ -69,8 +47,7 @@ def main() -> None:
     base = medians["python -c 'import torch'"]
     for name, median in medians.items():
         print(f"{name:28s} median {median:6.2f} s over {args.rounds} (min {min(times[name]):.2f}, max {max(times[name]):.2f})  {median / base:.2f}x")
-    print(f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run("bench_startup", main))

@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import platform
-import statistics
 import sys
 import time
 from datetime import timedelta

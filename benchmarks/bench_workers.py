@@ -15,8 +15,8 @@ time includes them, as a user's would. Printed side by side: each run's training
 (``time/seconds`` of the summary) per step, the whole command's wall-clock, its peak resident
 memory (``ru_maxrss``), its thread count at the end of training, and the ratios of the 1000-
 worker run to the baseline (the targets: speed ratio about 1, memory ratio under 2). The table,
-with the CPU model, threads, load average, torch version and commit, is written to
-``benchmarks/results/bench_workers.txt`` (``--out``).
+with the CPU model, threads, load average, torch version and commit, is recorded under
+``benchmarks/results/`` (:mod:`_record`).
 
     PYTHONPATH=src python benchmarks/bench_workers.py --data-root ../shared/data           # ~2 min
     PYTHONPATH=src python benchmarks/bench_workers.py --data-root ../shared/data --steps 16  # a smoke run
@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-import torch
+from _record import run
 
 RUNS = {
     "8 workers (baseline)": dict(workers=8),
@@ -93,23 +91,15 @@ def main() -> None:
     parser.add_argument("--eval-tokens", type=int, default=2000, help="tokens of each split evaluated (default 2000)")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--seed", type=int, default=2020)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_workers.txt"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
 
-    from localclip.provenance import code_version
-
-    version = code_version()
-    load_before = os.getloadavg()
     results = {name: run_child(args, options) for name, options in RUNS.items()}
     base = results["8 workers (baseline)"]
     lines = [
         f"bench_workers: ptb-small, CELGC I=8, {args.steps} steps per worker, eval_tokens={args.eval_tokens}",
-        f"cpu {version['cpu']} ({version['cpu_capability']}), {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}, "
-        f"torch {version['torch']}, commit {version['commit']}{' (dirty)' if version['dirty'] else ''}",
-        f"load avg before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}",
         "",
         f"{'run':<26}{'steps':>6}{'loop s/step':>12}{'wall s':>9}{'peak MiB':>10}{'threads':>9}{'val ppl':>10}{'speed ratio':>13}{'memory ratio':>14}",
     ]
@@ -119,11 +109,11 @@ def main() -> None:
         lines.append(f"{name:<26}{r['steps']:>6}{r['loop'] / r['steps']:>12.3f}{r['wall']:>9.1f}{r['maxrss'] / 2**20:>10.0f}{r['threads']:>9}"
                      f"{r['val_ppl']:>10.1f}{speed:>13.2f}{memory:>14.2f}")
     lines.append("ratios: the run's loop time per step and peak memory over the baseline's (targets: about 1, under 2)")
-    text = "\n".join(lines)
-    print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    if "--child" in sys.argv:
+        main()
+    else:
+        sys.exit(run("bench_workers", main))
