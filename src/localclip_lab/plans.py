@@ -730,14 +730,14 @@ def gpt_parity(epochs: float = 10.0) -> Plan:
                                eval_interval=GPT_PARITY_EVAL_INTERVAL, log_interval=max(1, per_worker // LOGS_PER_EPOCH),
                                checkpoint_interval=GPT_PARITY_EVAL_INTERVAL)
     diloco = dict(algorithm="celgc", outer_optimizer="nesterov", outer_lr=0.7, outer_momentum=0.9)
-    runs = []
-    for seed in GPT_PARITY_SEEDS:
+    def seed_runs(seed: int) -> Plan:
         tag = "" if seed == GPT_PARITY_SEEDS[0] else f"-s{seed}"
-        runs.append((f"naive{tag}", base.replace(algorithm="naive", period=1, seed=seed)))
-        for period in GPT_PARITY_PERIODS:
-            runs.append((f"diloco-I{period}{tag}", base.replace(**diloco, period=period, seed=seed)))
-    runs.insert(3, ("avg-I32", base.replace(algorithm="celgc", period=32, seed=GPT_PARITY_SEEDS[0])))
-    return runs
+        return [(f"naive{tag}", base.replace(algorithm="naive", period=1, seed=seed)),
+                *((f"diloco-I{period}{tag}", base.replace(**diloco, period=period, seed=seed)) for period in GPT_PARITY_PERIODS)]
+
+    # The first seed's runs, plain averaging (what the outer step adds), then the second seed's.
+    plain = ("avg-I32", base.replace(algorithm="celgc", period=32, seed=GPT_PARITY_SEEDS[0]))
+    return [*seed_runs(GPT_PARITY_SEEDS[0]), plain, *(run for seed in GPT_PARITY_SEEDS[1:] for run in seed_runs(seed))]
 
 
 def _epoch_steps(workers: int, recipe: str = "ptb-converge") -> int:
