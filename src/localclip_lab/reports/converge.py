@@ -28,11 +28,12 @@ def _schedule_kind(config: dict) -> tuple:
     return bool(config.get("lr_decay_epochs")), config.get("asgd_patience") or 0
 
 def baseline(run: str, data: dict, finished: dict) -> str | None:
-    """The naive parallel run this run is judged against: same length, seed, data split, schedule and
-    momentum. A run longer than every such naive run (CELGC given more epochs, to compare at
+    """The naive parallel run this run is judged against: same length, seed, data split, schedule,
+    momentum and model (its options: dropout). A run longer than every such naive run (CELGC given more epochs, to compare at
     equal time) is judged against the longest shorter one."""
-    # Trained the same way: the schedule (step decay, the end-of-epoch weight average) is part of it.
-    key = ("seed", "heterogeneous", "momentum")
+    # Trained the same way: the schedule (step decay, the end-of-epoch weight average) and the
+    # model's regularisation are part of it.
+    key = ("seed", "heterogeneous", "momentum", "model_options")
     naive = {other: d["config"] for other, d in finished.items()
              if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)
              and _schedule_kind(d["config"]) == _schedule_kind(data["config"])}
@@ -56,10 +57,11 @@ def _group(config: dict) -> str:
 
 def _plain(run: str, data: dict, finished: dict) -> str | None:
     """A beyond-the-paper run's plain CELGC counterpart: same period, length, seed, data split,
-    participation, momentum, lr and γ, with plain averaging and blocking whole-model float32 rounds."""
+    participation, momentum, lr, γ, schedule and model, with plain averaging and blocking whole-model
+    float32 rounds."""
     if _group(data["config"]) != "beyond the paper":
         return None
-    key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum", "lr", "gamma", "lr_decay_epochs", "lr_decay", "asgd_patience")
+    key = ("period", "epochs", "seed", "heterogeneous", "participants", "momentum", "lr", "gamma", "lr_decay_epochs", "lr_decay", "asgd_patience", "model_options")
     matches = [other for other, d in finished.items()
                if d["config"].get("algorithm") == "celgc" and _group(d["config"]) != "beyond the paper"
                and all(d["config"].get(k) == data["config"].get(k) for k in key)]
