@@ -78,7 +78,9 @@ full round's, with the fragments' sizes (element ranges: each within 1/P + 2.5 %
 With ``--lowbit`` it times only one table instead, side by side: ``average()`` with compression
 none, bf16, int8 and int4 (int8/int4 with error feedback), interleaved as above, with each
 one's bytes per round (``bytes_communicated / rounds``: the payload, see
-``localclip.averaging.codecs``) and the ratios of both to the uncompressed round. It combines with
+``localclip.averaging.codecs``), the ratios of both to the uncompressed round, each round's CPU
+time and rank 0's most minor page faults in one timed round (a round that allocates a buffer of
+the model's size anew pays a first touch per 4 KiB page of it). It combines with
 ``--link`` and ``--world-sizes``.
 
     sudo PYTHONPATH=src python benchmarks/bench_averaging.py --lowbit --link 1gbit --repeats 5
@@ -93,6 +95,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -570,16 +573,19 @@ def lowbit_worker(repeats: int, warmup: int, phases: bool, threads: int):
     comm = current()
     averagers = {c: PeriodicAverager(build(comm.rank), period=1, group=comm, compression=c) for c in LOWBIT_COMPRESSIONS}
     cpu = {c: [] for c in averagers}
+    faults = {c: [] for c in averagers}
 
     def timed(c):
-        t0 = time.process_time()
+        f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
         averagers[c].average(force=True)
         cpu[c].append(time.process_time() - t0)
+        faults[c].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 
     ops = {c: functools.partial(timed, c) for c in averagers}
     result = {"numel": averagers["none"].numel, "threads": torch.get_num_threads(), "world": comm.world_size}
     result["times"] = _slowest(_interleave(ops, repeats, warmup))
     result["cpu"] = _slowest({c: v[warmup:] for c, v in cpu.items()})
+    result["faults"] = {c: max(v[warmup:]) for c, v in faults.items()}  # this rank's, the worst round
     result["bytes"] = {c: avg.bytes_communicated / avg.rounds for c, avg in averagers.items()}
     return result if comm.rank == 0 else None
 
@@ -590,14 +596,16 @@ def _print_lowbit(res: dict, title: str, elapsed: float, repeats: int, link: Sha
           f"slowest rank per round; {elapsed:.0f}s ===")
     times, nbytes = res["times"], res["bytes"]
     base = statistics.median(times["none"])
-    print(f"{'compression':<12} {'median ms':>10} {'IQR ms':>15} {'time ratio':>10} {'paired':>7} {'CPU ms':>7} {'bytes/round':>13} {'bytes ratio':>11}")
+    print(f"{'compression':<12} {'median ms':>10} {'IQR ms':>15} {'time ratio':>10} {'paired':>7} {'CPU ms':>7} {'bytes/round':>13} {'bytes ratio':>11} {'faults':>7}")
     for c in LOWBIT_COMPRESSIONS:
         t = times[c]
         q = statistics.quantiles(t, n=4) if len(t) >= 2 else [t[0]] * 3
         paired = statistics.median(x / b for x, b in zip(t, times["none"]))
         print(f"{c:<12} {1e3 * statistics.median(t):>10.1f} {1e3 * q[0]:>7.1f}-{1e3 * q[2]:<7.1f} {statistics.median(t) / base:>10.2f} "
-              f"{paired:>7.2f} {1e3 * statistics.median(res['cpu'][c]):>7.0f} {nbytes[c]:>13,.0f} {nbytes[c] / nbytes['none']:>11.4f}")
+              f"{paired:>7.2f} {1e3 * statistics.median(res['cpu'][c]):>7.0f} {nbytes[c]:>13,.0f} {nbytes[c] / nbytes['none']:>11.4f} {res['faults'][c]:>7,}")
     print("   CPU ms: the process's CPU time in the round (slowest rank), the part a busier or slower CPU stretches")
+    print(f"   faults: rank 0's most minor page faults in one timed round (first touches of fresh memory; one float32 "
+          f"buffer of the model is {4 * res['numel'] // 4096:,} pages)")
 
 
 if __name__ == "__main__":

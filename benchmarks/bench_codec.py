@@ -18,6 +18,15 @@ paired ratios old / new (above 1: the working tree is faster). A round is one si
 turns (both workers' CPU time, with error feedback and reused scratch buffers, as the averager
 calls it).
 
+``encode`` and ``decode`` return new tensors, and a new 97 MB float32 output costs a page fault
+per 4 KiB on its first touch (glibc maps so large a block anew and unmaps it when it is freed),
+about as much as the decoding itself. A round pays none of that: it keeps its buffers from one
+round to the next. So each phase is also timed as the round runs it, into buffers kept between
+calls (``... into buffers``: encode; encode with error feedback, the residual taking the input
+and giving back what the codes stand for; decode), and the fresh-memory cost is printed apart:
+one float32 buffer of the same length allocated and written against one already mapped written
+again.
+
 Beside each figure, what memory allows on this machine for the same bytes: each phase reads R
 and writes W bytes (encode: the float32 input, then the codes and the float32 scales, one per
 256 elements; decode: the reverse), and two passes that move only those bytes are timed with the
@@ -56,6 +65,7 @@ from localclip.averaging import codecs as new
 from localclip.comm import SimulatedWorld, current
 
 NUMEL = 24_221_600
+WIDTH = 38  # the operation column
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -241,7 +251,33 @@ def operations(module, x: torch.Tensor, state: dict):
 
         ops[f"round int{bits} (2 workers)"] = lambda world=world, worker=worker: world.run(worker)
         state.setdefault("keep", []).append((fbs, scratch))
+        ops.update(reused(module, x, bits, state))
     return ops
+
+
+def reused(module, x: torch.Tensor, bits: int, state: dict) -> dict:
+    """name -> zero-argument callable: ``module``'s phases as a round runs them, into buffers
+    kept from one call to the next (codes, scales, the decoded output, the residual and the
+    working buffers of a :class:`Scratch`): encode, encode with error feedback (the residual
+    takes the input, then gives back what the codes stand for), decode. Empty for a revision
+    without the row-wise functions."""
+    blocks = getattr(module, "blocks", None)
+    if blocks is None or not hasattr(blocks, "_encode_rows") or not hasattr(blocks, "Scratch"):
+        return {}
+    n, block = x.numel(), module.BLOCK_NUMEL
+    nb = -(-n // block)
+    scratch = blocks.Scratch()
+    codes = torch.zeros(1, n if bits == 8 else (n + 1) // 2, dtype=torch.uint8)
+    scales = torch.zeros(1, nb)
+    out = torch.zeros(1, nb * block)
+    residual = torch.zeros(n)
+    state.setdefault("keep", []).append((scratch, codes, scales, out, residual))
+    return {
+        f"encode int{bits} into buffers": lambda: blocks._encode_rows(1, n, n, bits, block, None, codes, scales, x, scratch=scratch),
+        f"encode int{bits} + residual into buffers": lambda: blocks._encode_rows(
+            1, n, n, bits, block, None, codes, scales, residual, x, True, scratch),
+        f"decode int{bits} into a buffer": lambda: blocks._decode_rows(codes, scales, n, bits, block, out, scratch),
+    }
 
 
 def phase_bytes(numel: int) -> dict:
@@ -251,7 +287,10 @@ def phase_bytes(numel: int) -> dict:
     for bits in (8, 4):
         codes = numel * bits // 8
         out[f"encode int{bits} nearest"] = out[f"encode int{bits} stochastic"] = (4 * numel, codes + scales)
-        out[f"decode int{bits}"] = (codes + scales, 4 * numel)
+        out[f"encode int{bits} into buffers"] = (4 * numel, codes + scales)
+        # The input and the residual read, the residual and the codes written.
+        out[f"encode int{bits} + residual into buffers"] = (8 * numel, 4 * numel + codes + scales)
+        out[f"decode int{bits}"] = out[f"decode int{bits} into a buffer"] = (codes + scales, 4 * numel)
     return out
 
 
@@ -268,16 +307,26 @@ def limit_passes(numel: int) -> dict:
         copy_in.setdefault(n, torch.randn(n))
         copy_out.setdefault(n, torch.empty(n))
         copy = lambda a=copy_out[n], b=copy_in[n]: a.copy_(b)  # noqa: E731
-        if name.startswith("encode int8"):
+        if "residual" in name:
+            fused = lambda: f32_out.add_(src)  # noqa: E731 - the residual's own read-and-write pass, plus the input
+        elif name.startswith("encode int8"):
             fused = lambda: u8_out.copy_(src)  # noqa: E731
         elif name.startswith("encode int4"):
             fused = lambda: u8_out[: numel // 2].copy_(src[: numel // 2 * 2: 2])  # noqa: E731
-        elif name == "decode int8":
+        elif name.startswith("decode int8"):
             fused = lambda: f32_out.copy_(u8)  # noqa: E731
         else:
             fused = lambda: f32_out[: numel // 2 * 2].view(-1, 2).copy_(half_u8.unsqueeze(1).expand(-1, 2))  # noqa: E731
         passes[name] = (copy, fused)
     return passes
+
+
+def fresh_memory(numel: int) -> dict:
+    """kind -> zero-argument callable: a float32 buffer of ``numel`` elements allocated and
+    written (each 4 KiB page faulted in on its first touch: glibc maps so large a block anew and
+    unmaps it when freed), and one kept from the last call written again."""
+    kept = torch.empty(numel)
+    return {"allocated and written": lambda: torch.empty(numel).fill_(0.0), "written, already mapped": lambda: kept.fill_(0.0)}
 
 
 ROUND_PASSES = {8: ("encode int8 nearest", "decode int8"), 4: ("encode int4 nearest", "decode int4")}
@@ -317,15 +366,24 @@ def main(argv=None) -> int:
     passes = limit_passes(args.numel)
     all_threads = len(os.sched_getaffinity(0))
     limits = {(kind, threads, n): [] for kind in ("copy", "fused") for threads in (1, all_threads) for n in passes}
+    fresh = fresh_memory(args.numel)
+    fresh_times = {kind: [] for kind in fresh}
     for rep in range(args.warmup + args.repeats):
         for n in names:
             order = ("old", "new") if rep % 2 == 0 else ("new", "old")
             for impl in order:
+                if n not in impls[impl]:
+                    continue
                 t0 = time.process_time()
                 impls[impl][n]()
                 dt = time.process_time() - t0
                 if rep >= args.warmup:
                     times[(impl, n)].append(dt)
+        for kind, fn in fresh.items():  # fresh memory against memory already mapped, in the same repeat
+            t0 = time.process_time()
+            fn()
+            if rep >= args.warmup:
+                fresh_times[kind].append(time.process_time() - t0)
         for threads in (1, all_threads):  # the memory limits, in the same repeat
             torch.set_num_threads(threads)
             clock = time.process_time if threads == 1 else time.perf_counter
@@ -339,17 +397,27 @@ def main(argv=None) -> int:
 
     print(f"\n{args.numel:,} float32 elements, 1 thread, {args.repeats} repeats interleaved "
           f"(old = {args.against}, new = working tree); ratio old / new, above 1 is faster")
-    print(f"{'operation':<28} {'old ms':>9} {'new ms':>9} {'ratio':>7} {'paired':>7}")
+    print(f"{'operation':<{WIDTH}} {'old ms':>9} {'new ms':>9} {'ratio':>7} {'paired':>7}")
     for n in names:
         o, w = times[("old", n)], times[("new", n)]
+        if not o:  # an operation the other revision does not have
+            print(f"{n:<{WIDTH}} {'-':>9} {1e3 * statistics.median(w):>9.1f}")
+            continue
         paired = statistics.median(a / b for a, b in zip(o, w))
-        print(f"{n:<28} {1e3 * statistics.median(o):>9.1f} {1e3 * statistics.median(w):>9.1f} "
+        print(f"{n:<{WIDTH}} {1e3 * statistics.median(o):>9.1f} {1e3 * statistics.median(w):>9.1f} "
               f"{statistics.median(o) / statistics.median(w):>7.2f} {paired:>7.2f}")
+
+    fm = {kind: statistics.median(v) for kind, v in fresh_times.items()}
+    print(f"\nFresh memory: one float32 buffer of {args.numel:,} elements ({4 * args.numel / 1e6:.0f} MB) written, 1 thread, "
+          f"ms (what encode and decode pay for their new outputs, and a round into kept buffers does not):")
+    for kind, t in fm.items():
+        print(f"  {kind:<{WIDTH + 10}} {1e3 * t:>8.1f}")
+    print(f"  {'the page faults (the difference)':<{WIDTH + 10}} {1e3 * (fm['allocated and written'] - fm['written, already mapped']):>8.1f}")
 
     med = {k: statistics.median(v) for k, v in limits.items()}
     print(f"\nThe working tree's codec against what memory allows for the same bytes (limit ms; codec as % of the "
           f"limit, 100 % = memory speed), at 1 and {all_threads} threads (the codec itself runs on 1):")
-    print(f"{'operation':<28} {'new ms':>8} {'MB r+w':>7} {'copy 1T':>8} {'fused 1T':>9} {f'copy {all_threads}T':>8} "
+    print(f"{'operation':<{WIDTH}} {'new ms':>8} {'MB r+w':>7} {'copy 1T':>8} {'fused 1T':>9} {f'copy {all_threads}T':>8} "
           f"{f'fused {all_threads}T':>9} {'%copy 1T':>9} {'%fused 1T':>10} {f'%copy {all_threads}T':>9} {f'%fused {all_threads}T':>10}")
     sizes = phase_bytes(args.numel)
     for n in names:
@@ -364,7 +432,7 @@ def main(argv=None) -> int:
             mb = 2 * sum(sum(sizes[p]) * f for p, f in zip(ROUND_PASSES[bits], (1.5, 2))) / 1e6
         else:
             continue
-        print(f"{n:<28} {1e3 * new_ms:>8.1f} {mb:>7.0f} " + " ".join(f"{1e3 * t:>{w}.1f}" for t, w in zip(lim, (8, 9, 8, 9)))
+        print(f"{n:<{WIDTH}} {1e3 * new_ms:>8.1f} {mb:>7.0f} " + " ".join(f"{1e3 * t:>{w}.1f}" for t, w in zip(lim, (8, 9, 8, 9)))
               + " " + " ".join(f"{100 * t / new_ms:>{w}.0f}%" for t, w in zip(lim, (8, 9, 8, 9))))
     print("Target: the codec's throughput per phase >= 40 % of the memory-copy limit on one thread.")
     return 0
