@@ -13,7 +13,7 @@ processes, by pid.
 
 Both runs compute with one intra-op thread per worker (``threads=1``): the simulator splits the
 machine's cores among its workers, a worker started by hand takes all of them, and a different
-thread count adds some sums (a gradient's norm) in another order, so a step's last bits differ.
+thread count adds some of a step's sums in another order, so a step's last bits differ.
 """
 
 import json
