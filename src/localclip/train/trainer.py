@@ -114,6 +114,7 @@ class Trainer:
         self.membership = self._failure_plan() if config.algorithm.fail else None
         self._healed: dict | None = None  # a fault-tolerant joiner's counters, restored at its epoch's start
         self._joining = False
+        self._in_step = False  # inside train_step (a round there belongs to the step not yet counted)
         if getattr(self.comm, "membership", None) is not None:
             self.membership = self.comm.membership
             self.membership.attach(self._heal_state, self._heal_from_peer)
@@ -135,14 +136,17 @@ class Trainer:
         if not hasattr(self.comm, "world"):
             raise ConfigError(f"rank {self.rank}: fail={self.config.algorithm.fail} is a plan for the simulator: run it with --runtime simulate")
         membership = PlannedMembership(parse_plan(self.config.algorithm.fail), self.comm, self.config.round.period)
-        membership.attach(self._heal_state, self._heal)
+        membership.attach(self._heal_state, self._heal_planned)
         self.algorithm.averager.use_membership(membership)
         return membership
 
     def _heal_state(self) -> dict:
         """What a joiner copies from a live peer: the model and the algorithm's state (the
-        optimizer's, the averager's: anchor, outer optimizer, counters)."""
-        return {"model": self.model.state_dict(), "algorithm": self.algorithm.state_dict(), "step": self.step,
+        optimizer's, the averager's: anchor, outer optimizer, counters), and where the peer is:
+        its epoch, its place in the epoch's batches and its local steps done as of the round,
+        the step whose round this is included (a round runs inside that step, which
+        :meth:`_run_epoch` counts once it returns)."""
+        return {"model": self.model.state_dict(), "algorithm": self.algorithm.state_dict(), "step": self.step + self._in_step,
                 "epoch": self.epoch, "workload": self.workload.state_dict()}
 
     def _heal(self, state: dict) -> None:
@@ -158,6 +162,13 @@ class Trainer:
         step = self.algorithm.averager.step_count
         self.generator.manual_seed(rng.derive_seed(self.config.run.seed, self.rank, "rejoin", step))
 
+    def _heal_planned(self, state: dict) -> None:
+        """A simulated joiner (a failure plan) takes its peer's state; it has gone through the
+        batches it skipped, so its stream is at its peer's place already: it goes on from there
+        with a zero recurrent state (:meth:`LMWorkload.rejoin`), as a restarted process does."""
+        self._heal(state)
+        self.workload.rejoin()
+
     def _heal_from_peer(self, state: dict) -> None:
         """A fault-tolerant joiner takes its peer's state: the model and the algorithm's now (the
         round that heals it then writes the average), the step, epoch and data position at the
@@ -172,12 +183,13 @@ class Trainer:
         if state["epoch"] != self.epoch:
             raise CommunicationError(f"rank {self.rank}: healed from a peer in epoch {state['epoch']} while in epoch {self.epoch}: "
                                      f"restart this worker with --resume")
-        self.workload.load_state_dict(state["workload"])
-        self.step, self.position = state["step"], self.workload_position()
+        self.workload.rejoin(state["workload"])
+        # Inside a step of its own, the joiner counts that step when it returns.
+        self.step, self.position = state["step"] - self._in_step, self.workload_position()
 
     def _restore_healed(self) -> None:
         if self._healed is not None:
-            self.workload.load_state_dict(self._healed["workload"])
+            self.workload.rejoin(self._healed["workload"])
             self.step = self._healed["step"]
             self._healed = None
 
@@ -349,7 +361,11 @@ class Trainer:
                 # interval is logged early); not where a budget cuts the run, which a run with a
                 # larger budget passes without a sample.
                 last = (self.step + 1) % cfg.run.log_interval == 0 or self.position >= self._num_batches
-                loss = self.train_step(batch, scale, sample_mean_gradient=last)
+                self._in_step = True
+                try:
+                    loss = self.train_step(batch, scale, sample_mean_gradient=last)
+                finally:
+                    self._in_step = False
             self.step += 1
             if self._rounds() != rounds:
                 self._play()

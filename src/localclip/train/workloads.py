@@ -146,6 +146,16 @@ class LMWorkload:
         self.stream.load_state_dict(state["stream"])
         self.hidden = devices.move(state["hidden"], self.device)
 
+    def rejoin(self, state: dict | None = None) -> None:
+        """A worker that heals (docs/algorithm.md, "When workers leave and rejoin") goes on with
+        its own shard from a zero recurrent state, at the place in the epoch that ``state`` (a
+        live peer's :meth:`state_dict`: every shard has the same shape and BPTT draws) gives, or
+        at its own place if None. A peer's recurrent state summarises another shard's text, and
+        the worker's own is as old as its departure, or lost with its process."""
+        if state is not None:
+            self.stream.load_state_dict(state["stream"])
+        self.hidden = self.model.init_hidden(self.config.workload.batch_size)
+
     # -- evaluation ----------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -235,6 +245,12 @@ class ImageWorkload:
 
     def load_state_dict(self, state: dict) -> None:
         self.stream.load_state_dict(state["stream"])
+
+    def rejoin(self, state: dict | None = None) -> None:
+        """A worker that heals goes on from ``state`` (a live peer's :meth:`state_dict`), or from
+        its own place if None; an image model carries no state between batches."""
+        if state is not None:
+            self.load_state_dict(state)
 
     @torch.no_grad()
     def evaluate(self, split: str, progress: Callable[[float], object] | None = None) -> dict:
