@@ -156,13 +156,30 @@ def train_config(argv: list[str]):
 
 
 def _train_config(args):
-    from localclip.train.flags import config_from_args
+    """The resolved config of ``localclip train``'s parsed ``args``: what the flags ask for
+    (:func:`localclip.train.flags.requested`), with the recipe's settings for another inner
+    optimizer, resolved once by the builder; raises :class:`ConfigError` naming every value in
+    conflict."""
+    from localclip import devices
+    from localclip.algorithms import build
+    from localclip.errors import ConfigError
+    from localclip.recipes import for_inner_optimizer
+    from localclip.train.flags import requested
 
-    return config_from_args(args)
+    config, explicit = requested(args)
+    try:
+        config, refused = for_inner_optimizer(args.recipe, config, explicit), None
+    except ConfigError as exc:
+        refused = exc
+    resolved = build.resolved(config, explicit)  # a value in error is named before the recipe's refusal
+    if refused is not None:
+        raise refused
+    devices.check_available(resolved.run.device)
+    return resolved
 
 
 def _train(args) -> int:
-    from localclip.train import run_training
+    from localclip.train import run_resolved
 
     resolved = _train_config(args)
     if resolved.algorithm.fail and args.runtime != "simulate":
@@ -179,7 +196,7 @@ def _train(args) -> int:
     # A missing corpus is fetched once the run folder has been found free and a resume's config the
     # run's: a refused folder costs no download (under torchrun each worker reads what is on disk).
     fetch = _ensure_corpus if resolved.workload.task == "lm" and args.runtime != "torchrun" else None
-    summary = run_training(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress, fetch_corpus=fetch)
+    summary = run_resolved(resolved, out, runtime=args.runtime, resume=args.resume, progress=not args.no_progress, fetch_corpus=fetch)
     if summary is None:
         return 0
     keys = [k for k in ("val/ppl", "test/ppl", "val/acc", "test/acc", "steps", "comm/rounds", "comm/bytes", "time/seconds") if k in summary]

@@ -21,12 +21,18 @@ across a config's sections (each section checks its own values: :mod:`localclip.
 it refuses the combinations that would mean nothing (each message names both fields), and :func:`resolve`
 writes into a config the values its algorithm fixes (``naive``: period 1; ``single``: one
 worker; ``local-sgd``: no clipping), so that ``config.json`` and the summary say what ran.
+:func:`resolved` does both, once for each run (the CLI, :func:`localclip.train.run_training`):
+the builder reads a config, and the library's ways into a run call it rather than the config's
+shorthands (:meth:`~localclip.train.config.TrainConfig.resolved`, ``validate``). Every value goes
+down from the resolved config to where it acts: the trainer reads the period there, not from
+the algorithm built with it.
 Everything else that asks about an algorithm by name (the trainer, the sweeps, the report, the
 runner, the Accelerate integration) asks :data:`ALGORITHMS`.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -44,7 +50,7 @@ from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW, ClippedS
 
 __all__ = [
     "ALGORITHMS", "AlgorithmSpec", "adamw_param_groups", "build_algorithm", "check", "check_membership", "communication_period", "compose",
-    "local_update", "outer_optimizer", "overridden", "resolve", "spec", "streaming_rounds",
+    "local_update", "outer_optimizer", "overridden", "resolve", "resolved", "spec", "streaming_rounds", "validate",
 ]
 
 
@@ -115,6 +121,49 @@ def resolve(config):
     """``config`` with the values its algorithm fixes written in (a copy; ``config`` is unchanged)."""
     values = {name: value for name, (value, _) in spec(config.algorithm.name).fixed.items()}
     return config.replace(**values) if values else config
+
+
+def resolved(config, explicit=()):
+    """The config as it will run: a copy of ``config`` with the values its algorithm fixes
+    written in (:func:`resolve`), each section's values checked, then the rules across sections
+    (:func:`validate`). Every way into a run resolves its config once, here.
+
+    ``explicit``: the fields the user set (flat names), as against a recipe's defaults; one whose
+    value the algorithm would replace is refused rather than silently dropped, named in the same
+    line as any other conflict.
+    """
+    known = config.algorithm.name in ALGORITHMS
+    cfg = resolve(copy.deepcopy(config)) if known else copy.deepcopy(config)
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        problem = overridden(config, explicit) if known else None
+        if problem:
+            raise ConfigError(f"{exc}; {problem}") from None
+        raise
+    problem = overridden(config, explicit)
+    if problem:
+        raise ConfigError(problem)
+    return cfg
+
+
+def validate(config):
+    """Check each section's values (:meth:`~localclip.train.config.TrainConfig.validate_sections`),
+    then the rules across sections (:func:`check`, :func:`check_membership`); return ``config``.
+
+    The settings that conflict with each other are named together, all in one line: a user who
+    fixes one should not meet the next on the following try.
+    """
+    config.validate_sections()
+    conflicts: dict[str, str] = {}
+    check(config, lambda name, why: conflicts.setdefault(name, why))
+    check_membership(config, lambda name, why: conflicts.setdefault(name, why))
+    if len(conflicts) == 1:
+        name, why = next(iter(conflicts.items()))
+        raise ConfigError(f"Invalid {name}: {config.value(name)!r} ({why})")
+    if conflicts:
+        raise ConfigError(f"Invalid settings, {len(conflicts)} in conflict: " + "; ".join(f"{name}={config.value(name)!r} ({why})" for name, why in conflicts.items()))
+    return config
 
 
 def overridden(config, explicit) -> str | None:

@@ -103,10 +103,11 @@ class EPISODE(DistributedAlgorithm):
                     f"Invalid {name}={averager_options[name]!r} for EPISODE: its correction needs every worker at the same "
                     f"whole model when a round starts ({name}={off!r})"
                 )
-        super()._setup(module, optimizer, period, group, averager_options)
-        if self.averager.streaming.on:  # the streaming layout given as an object (streaming=)
-            raise ValueError(f"Invalid streaming={self.averager.streaming!r} for EPISODE: its correction needs every worker at the "
+        streaming = averager_options.get("streaming")
+        if streaming is not None and streaming.on:  # the streaming layout given as an object (streaming=)
+            raise ValueError(f"Invalid streaming={streaming!r} for EPISODE: its correction needs every worker at the "
                              "same whole model when a round starts (fragments=1, overlap=0)")
+        super()._setup(module, optimizer, period, group, averager_options)
         params = [p for g in self.param_groups for p in g["params"]]
         self._correction = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         self._views = {}

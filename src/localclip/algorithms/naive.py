@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from localclip.algorithms.base import DistributedAlgorithm, flat_grads
+from localclip.averaging import codecs
+from localclip.averaging.outer import make_outer
 from localclip.comm import Communicator
 
 __all__ = ["NaiveParallelClipping"]
@@ -56,13 +58,15 @@ class NaiveParallelClipping(DistributedAlgorithm):
                 f"Invalid clip_mode={optimizer.clip_mode!r} for naive parallel clipping: it clips the averaged "
                 "gradient, which every worker shares (clip_mode='local'; gamma=inf for no clipping)"
             )
-        super()._setup(module, optimizer, period, group, averager_options)
-        # The same parts given as objects (codec=, outer=, participation=) rather than by name.
-        avg = self.averager
-        for key, value, off in (("codec", avg.codec.name, "none"), ("outer", avg.outer, None),
-                                ("participation", avg.participation.participants, None)):
+        # The same parts given as objects (codec=, outer=, participation=) rather than by name:
+        # refused as given, before the averager re-homes the module's parameters and broadcasts.
+        codec, outer, participation = (averager_options.get(key) for key in ("codec", "outer", "participation"))
+        for key, value, off in (("codec", codecs.get(codec).name if codec is not None else "none", "none"),
+                                ("outer", make_outer(outer), None),
+                                ("participation", participation.participants if participation is not None else None, None)):
             if value != off:
                 raise ValueError(f"Invalid {key} {value!r} for naive parallel clipping: it averages gradients, not models")
+        super()._setup(module, optimizer, period, group, averager_options)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -17,7 +17,7 @@ from localclip.train.run_folder import RunFolder
 from localclip.train.trainer import Trainer, run_worker
 from localclip.train.workloads import check_data, check_model
 
-__all__ = ["ALGORITHMS", "RunFolder", "TrainConfig", "Trainer", "apply_overrides", "config_from_dict", "run_training"]
+__all__ = ["ALGORITHMS", "RunFolder", "TrainConfig", "Trainer", "apply_overrides", "config_from_dict", "run_resolved", "run_training"]
 
 
 def run_training(
@@ -39,13 +39,30 @@ def run_training(
     if given, is called before the corpus is checked (the ``localclip`` command downloads a
     missing corpus there). On
     SIGTERM/SIGINT the workers checkpoint and :class:`~localclip.errors.Interrupted` is raised.
+
+    ``config`` is resolved here (:func:`localclip.algorithms.build.resolved`); a caller that has
+    resolved it already (the CLI, to name the run's folder) calls :func:`run_resolved`.
     """
+    from localclip.algorithms import build
+
+    return run_resolved(build.resolved(config), out, runtime=runtime, resume=resume, progress=progress, fetch_corpus=fetch_corpus)
+
+
+def run_resolved(
+    config: TrainConfig,
+    out: str | os.PathLike,
+    *,
+    runtime: str = "simulate",
+    resume: bool = False,
+    progress: bool = True,
+    fetch_corpus: Callable[[TrainConfig], object] | None = None,
+) -> dict | None:
+    """:func:`run_training` of a config that :func:`localclip.algorithms.build.resolved` returned."""
     from localclip import interrupt
     from localclip.comm import launch
 
     from localclip import devices
 
-    config = config.resolved()
     devices.check_available(config.run.device)
     if config.run.device.startswith("cuda:") and runtime != "simulate" and config.algorithm.workers > 1:
         raise ConfigError(f"Invalid device: {config.run.device!r} with runtime={runtime} (each worker process takes its own GPU: use cuda or auto)")

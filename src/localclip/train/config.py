@@ -5,6 +5,11 @@ reads ``config.round.period``, ``config.local.lr``. Recipes (:mod:`localclip.rec
 one; the CLI maps its flags onto sections (:mod:`localclip.train.flags`) and applies ``--set
 KEY=VALUE`` overrides; the resolved config is written to the run's ``config.json`` in sections.
 
+A config is data: each section checks its own values (:meth:`TrainConfig.validate_sections`).
+The values an algorithm fixes and the rules across sections are the builder's
+(:func:`localclip.algorithms.build.resolved`), which reads a config; :meth:`TrainConfig.resolved`
+and :meth:`TrainConfig.validate` are shorthands for it, for code that holds only a config.
+
 Users name a field by its flat name (``period``, ``compression``: :data:`FLAT_NAMES`) or as
 ``section.field`` (``round.period``). The runs committed under ``results/`` hold flat
 ``config.json`` files (every field at the top level, by its flat name); :func:`sections_from_flat`
@@ -13,7 +18,6 @@ is the one converter that reads them, and :func:`config_from_dict` loads either 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import typing
@@ -48,35 +52,27 @@ class TrainConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
-    def validate(self) -> "TrainConfig":
-        """Check each section's values, then the rules across sections
-        (:func:`localclip.algorithms.build.check`); return ``self``."""
-        from localclip.algorithms import build as algorithms
-
+    def validate_sections(self) -> "TrainConfig":
+        """Check each section's own values (:mod:`localclip.train.sections`); return ``self``."""
         for section in SECTIONS:
             getattr(self, section).validate()
-        # The settings that conflict with each other are named together, all in one line: a
-        # user who fixes one should not meet the next on the following try.
-        conflicts: dict[str, str] = {}
-        algorithms.check(self, lambda name, why: conflicts.setdefault(name, why))
-        algorithms.check_membership(self, lambda name, why: conflicts.setdefault(name, why))
-        if len(conflicts) == 1:
-            name, why = next(iter(conflicts.items()))
-            raise ConfigError(f"Invalid {name}: {self.value(name)!r} ({why})")
-        if conflicts:
-            raise ConfigError(f"Invalid settings, {len(conflicts)} in conflict: " + "; ".join(f"{name}={self.value(name)!r} ({why})" for name, why in conflicts.items()))
         return self
+
+    def validate(self) -> "TrainConfig":
+        """Check each section's values, then the rules across sections; return ``self``.
+        Shorthand for :func:`localclip.algorithms.build.validate`, which holds those rules."""
+        from localclip.algorithms import build
+
+        return build.validate(self)
 
     def resolved(self) -> "TrainConfig":
         """The config as it will run, with the values its algorithm fixes written in
         (``single``: one worker; ``naive``: period 1; ``local-sgd``: γ = ∞ and no AdamW
-        clipping; see :mod:`localclip.algorithms.build`), validated."""
-        from localclip.algorithms import build as algorithms
+        clipping), validated. Shorthand for :func:`localclip.algorithms.build.resolved`,
+        which the library's own ways into a run call."""
+        from localclip.algorithms import build
 
-        cfg = copy.deepcopy(self)
-        if cfg.algorithm.name in algorithms.ALGORITHMS:
-            cfg = algorithms.resolve(cfg)
-        return cfg.validate()
+        return build.resolved(self)
 
     def value(self, name: str):
         """The value of the field ``name``: a flat name (``period``) or ``section.field``."""

@@ -1,20 +1,20 @@
 """From ``localclip train``'s flags to a config: the one table of which flag sets which section's field.
 
 :data:`FLAGS` maps each flag (its argparse ``dest``) to the ``section.field`` it sets;
-:func:`config_from_args` applies them to the recipe, then ``--set KEY=VALUE``
-(:func:`localclip.train.config.apply_overrides`), then the recipe's settings for another inner
-optimizer, and returns the resolved config. A value is checked by its section
-(:mod:`localclip.train.sections`), and with the values of other sections it relates to by
-:func:`localclip.algorithms.build.check`; the parser only turns the text into a value (refusing,
-with the flag's name, a number out of its type's range).
+:func:`requested` applies them to the recipe, then ``--set KEY=VALUE``
+(:func:`localclip.train.config.apply_overrides`), and says which fields the user set. What that
+asks for is resolved by the builder (:func:`localclip.algorithms.build.resolved`), which the
+CLI calls with it: a value is checked by its section (:mod:`localclip.train.sections`), and with
+the values of other sections it relates to by :func:`localclip.algorithms.build.check`; the
+parser only turns the text into a value (refusing, with the flag's name, a number out of its
+type's range).
 """
 
 from __future__ import annotations
 
-from localclip.errors import ConfigError
 from localclip.train.config import TrainConfig, apply_overrides, override_name
 
-__all__ = ["FLAGS", "config_from_args", "flag_changes"]
+__all__ = ["FLAGS", "flag_changes", "requested"]
 
 #: ``localclip train``'s flags that set a config field: argparse dest -> ``section.field``.
 FLAGS: dict[str, str] = {
@@ -65,33 +65,15 @@ def flag_changes(config: TrainConfig, args) -> dict:
     return changes
 
 
-def config_from_args(args) -> TrainConfig:
-    """The resolved config of ``localclip train``'s parsed ``args``: the recipe, the flags,
-    ``--set``; raises :class:`ConfigError` naming every value in conflict."""
-    from localclip import devices
-    from localclip.algorithms import build as algorithms
-    from localclip.recipes import for_inner_optimizer, get_recipe
+def requested(args) -> tuple[TrainConfig, set[str]]:
+    """What ``localclip train``'s parsed ``args`` ask for, before anything is resolved: the
+    recipe with the flags and ``--set`` applied, and the fields the user set (flat names), as
+    against the recipe's own values. The CLI hands both to the builder
+    (:func:`localclip.algorithms.build.resolved`)."""
+    from localclip.recipes import get_recipe
 
     config = get_recipe(args.recipe)
     changes = flag_changes(config, args)
     config = apply_overrides(config.replace(**changes), args.overrides)
-    # What the user set, as against the recipe's own values, by flat name.
     explicit = set(changes) | {override_name(item.partition("=")[0].strip()) or item.partition("=")[0].strip() for item in args.overrides}
-    try:
-        resolved = config.resolved()  # each value checked on its own first
-    except ConfigError as exc:
-        # A value the algorithm would replace is a conflict too: named in the same line.
-        problem = algorithms.overridden(config, explicit) if config.algorithm.name in algorithms.ALGORITHMS else None
-        if problem:
-            raise ConfigError(f"{exc}; {problem}") from None
-        raise
-    adjusted = for_inner_optimizer(args.recipe, config, explicit)
-    if adjusted is not config:  # the recipe's settings for another inner optimizer, checked with the rest
-        config, resolved = adjusted, adjusted.resolved()
-    # A value the user gave that the algorithm would replace is refused, not silently dropped.
-    problem = algorithms.overridden(config, explicit)
-    if problem:
-        raise ConfigError(problem)
-    devices.check_available(resolved.run.device)
-    return resolved
-
+    return config, explicit

@@ -2,8 +2,8 @@
 
 :meth:`Trainer.train` owns the loop (epochs, evaluation, when to log and checkpoint, stopping);
 :meth:`Trainer.train_step` owns one step (forward, backward, the algorithm's step). What the loop
-only calls has its own owner: the algorithm (:func:`localclip.algorithms.build_algorithm`, which
-also says how often it communicates), the step decay of lr and γ
+only calls has its own owner: the algorithm (:func:`localclip.algorithms.build_algorithm`), the
+step decay of lr and γ
 (:class:`~localclip.optim.StepDecay`), the NT-ASGD-like average
 (:class:`~localclip.train.asgd.EpochAverage`), the mean of the workers' live models that an
 evaluation inside an epoch of a streaming run scores (:class:`~localclip.train.live_mean.LiveMean`;
@@ -64,7 +64,11 @@ def state_hash(model: torch.nn.Module) -> str:
 
 
 class Trainer:
-    """Trains one worker's model with the configured algorithm; see the module docstring."""
+    """Trains one worker's model with the configured algorithm; see the module docstring.
+
+    ``config`` is resolved (:func:`localclip.algorithms.build.resolved`): the trainer reads its
+    values, the period among them, from the config and never back from what was built from it.
+    """
 
     def __init__(self, config: TrainConfig, run_folder: RunFolder | None = None, progress: bool = True):
         self.config = config
@@ -126,7 +130,9 @@ class Trainer:
         # Agreement points for a stop request: where the algorithm communicates anyway, and at
         # least every stop_check_interval steps, so that a long period (I = 256 is minutes of
         # local steps for 8 simulated workers on one core) still stops within a sweep's grace time.
-        every = self.algorithm.period
+        # The period is the resolved config's (naive's and single's are 1 there), as the builder
+        # handed it to the algorithm.
+        every = config.round.period
         self._agree_every = min(every, config.run.stop_check_interval) if config.run.stop_check_interval else every
 
     def _failure_plan(self):
@@ -338,7 +344,7 @@ class Trainer:
             "time/comm": self.metrics.time_comm,
             "algorithm": cfg.algorithm.name,
             "workers": cfg.algorithm.workers,
-            "period": self.algorithm.period,
+            "period": cfg.round.period,
             "provenance": code_version(),
         }
         summary.update(final)
