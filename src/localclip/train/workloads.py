@@ -106,7 +106,7 @@ class LMWorkload:
         """Prepare ``epoch``'s batches; returns how many there are (the same on every worker)."""
         self.epoch = epoch
         self.stream = data.LMBatchStream(self._shard(), self.schedule)
-        self.hidden = self.model.init_hidden(self.config.workload.batch_size)
+        self._zero_state()
         return len(self.stream)
 
     def play(self, worker: int, fresh: bool = True) -> None:
@@ -117,7 +117,7 @@ class LMWorkload:
         if self.stream is not None:
             self.stream.shard = self._shard()
         if fresh:
-            self.hidden = self.model.init_hidden(self.config.workload.batch_size)
+            self._zero_state()
 
     def batches(self):
         """The rest of the epoch's batches: ``(batch, lr_scale)``."""
@@ -146,6 +146,10 @@ class LMWorkload:
         self.stream.load_state_dict(state["stream"])
         self.hidden = devices.move(state["hidden"], self.device)
 
+    def _zero_state(self) -> None:
+        """The recurrent state of a fresh start: an epoch's, a sampled slot's, a rejoin's."""
+        self.hidden = self.model.init_hidden(self.config.workload.batch_size)
+
     def rejoin(self, state: dict | None = None) -> None:
         """A worker that heals (docs/algorithm.md, "When workers leave and rejoin") goes on with
         its own shard from a zero recurrent state, at the place in the epoch that ``state`` (a
@@ -154,7 +158,7 @@ class LMWorkload:
         the worker's own is as old as its departure, or lost with its process."""
         if state is not None:
             self.stream.load_state_dict(state["stream"])
-        self.hidden = self.model.init_hidden(self.config.workload.batch_size)
+        self._zero_state()
 
     # -- evaluation ----------------------------------------------------------------------------
 
