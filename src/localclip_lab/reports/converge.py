@@ -29,11 +29,13 @@ def _schedule_kind(config: dict) -> tuple:
 
 def baseline(run: str, data: dict, finished: dict) -> str | None:
     """The naive parallel run this run is judged against: same length, seed, data split, schedule,
-    momentum and model (its options: dropout). A run longer than every such naive run (CELGC given more epochs, to compare at
-    equal time) is judged against the longest shorter one."""
-    # Trained the same way: the schedule (step decay, the end-of-epoch weight average) and the
-    # model's regularisation are part of it.
-    key = ("seed", "heterogeneous", "momentum", "model_options")
+    momentum and model (its options: dropout). A run longer than every such naive run (CELGC given
+    more epochs, to compare at equal time) is judged against the longest shorter one. A naive run
+    is judged across model options, against the sweep's first such naive: what a model option
+    does to naive is a tuning question (``converge-tune``), and against itself it would read 0."""
+    # Trained the same way: the schedule (step decay, the end-of-epoch weight average) and, for
+    # every algorithm but naive itself, the model's regularisation are part of it.
+    key = ("seed", "heterogeneous", "momentum") + (() if data["config"].get("algorithm") == "naive" else ("model_options",))
     naive = {other: d["config"] for other, d in finished.items()
              if d["config"].get("algorithm") == "naive" and all(d["config"].get(k) == data["config"].get(k) for k in key)
              and _schedule_kind(d["config"]) == _schedule_kind(data["config"])}
