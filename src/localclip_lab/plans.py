@@ -719,7 +719,12 @@ def gpt_parity(epochs: float = 10.0) -> Plan:
     clips and steps on the workers' mean gradient every step; the DiLoCo runs clip each worker's
     own gradient, take AdamW steps locally, and at each round take an outer Nesterov step (lr 0.7,
     momentum 0.9: DiLoCo's defaults, not tuned here; nor is naive's lr, the recipe's). Plain
-    averaging at I = 32 (seed 2020) separates what the outer step adds.
+    averaging at I = 32 (seed 2020) separates what the outer step adds. Two more plain I = 32
+    runs test why averaging trails: each worker's AdamW step has full length whatever the noise
+    in its gradient, and the mean of four such steps cancels their noise, so the averaged model
+    may move about half as far as naive's, which normalises after averaging. ``avg-I32-olr2``
+    doubles each round's displacement (outer SGD, lr 2, no momentum); ``avg-I32-lr2x`` doubles
+    the inner lr instead.
     """
     from localclip.recipes import converge_schedule, for_inner_optimizer
 
@@ -736,8 +741,11 @@ def gpt_parity(epochs: float = 10.0) -> Plan:
                 *((f"diloco-I{period}{tag}", base.replace(**diloco, period=period, seed=seed)) for period in GPT_PARITY_PERIODS)]
 
     # The first seed's runs, plain averaging (what the outer step adds), then the second seed's.
-    plain = ("avg-I32", base.replace(algorithm="celgc", period=32, seed=GPT_PARITY_SEEDS[0]))
-    return [*seed_runs(GPT_PARITY_SEEDS[0]), plain, *(run for seed in GPT_PARITY_SEEDS[1:] for run in seed_runs(seed))]
+    avg = base.replace(algorithm="celgc", period=32, seed=GPT_PARITY_SEEDS[0])
+    plain = [("avg-I32", avg),
+             ("avg-I32-olr2", avg.replace(outer_optimizer="sgd", outer_lr=2.0, outer_momentum=0.0)),
+             ("avg-I32-lr2x", avg.replace(lr=2 * avg.local.lr))]
+    return [*seed_runs(GPT_PARITY_SEEDS[0]), *plain, *(run for seed in GPT_PARITY_SEEDS[1:] for run in seed_runs(seed))]
 
 
 def _epoch_steps(workers: int, recipe: str = "ptb-converge") -> int:

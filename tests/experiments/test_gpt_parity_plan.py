@@ -18,7 +18,8 @@ def test_every_run_trains_the_same_tokens_with_the_recipes_adamw():
     assert len(shared) == 1
     for name, cfg in RUNS.items():
         assert cfg.local.inner_optimizer == "adamw", name
-        assert (cfg.local.lr, list(cfg.local.betas), cfg.local.weight_decay, cfg.local.max_grad_norm) == (adamw["lr"], adamw["betas"], adamw["weight_decay"], adamw["max_grad_norm"]), name
+        lr = adamw["lr"] * (2 if name == "avg-I32-lr2x" else 1)  # the one probe of the inner lr
+        assert (cfg.local.lr, list(cfg.local.betas), cfg.local.weight_decay, cfg.local.max_grad_norm) == (lr, adamw["betas"], adamw["weight_decay"], adamw["max_grad_norm"]), name
         assert math.isinf(cfg.local.gamma) and cfg.workload.model_options == recipe.workload.model_options, name
         assert cfg.evaluation.eval_interval % (cfg.resolved().round.period or 1) == 0, name
 
@@ -31,6 +32,14 @@ def test_diloco_runs_step_outside_with_nesterov_and_naive_rounds_every_step():
             assert (cfg.algorithm.name, cfg.round.period, cfg.run.seed) == ("celgc", period, seed)
             assert (cfg.round.outer_optimizer, cfg.round.outer_lr, cfg.round.outer_momentum) == ("nesterov", 0.7, 0.9)
     assert RUNS["avg-I32"].round.outer_optimizer == "none" and RUNS["avg-I32"].round.period == 32
+
+
+def test_the_step_length_probes_change_one_knob_of_plain_averaging_each():
+    avg = RUNS["avg-I32"]
+    olr2, lr2x = RUNS["avg-I32-olr2"], RUNS["avg-I32-lr2x"]
+    assert (olr2.round.outer_optimizer, olr2.round.outer_lr, olr2.round.outer_momentum) == ("sgd", 2.0, 0.0)
+    assert olr2.replace(outer_optimizer="none", outer_lr=avg.round.outer_lr, outer_momentum=avg.round.outer_momentum) == avg
+    assert lr2x.local.lr == 2 * avg.local.lr and lr2x.replace(lr=avg.local.lr) == avg
 
 
 def test_the_runs_description_names_the_inner_optimizer_and_its_clip():
