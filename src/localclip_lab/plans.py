@@ -671,6 +671,9 @@ def parity(epochs: float = 12.0) -> Plan:
       (``asgd_patience`` 1: it starts after the first epoch whose validation does not improve).
     * ``naive-const-asgd-s2021`` and ``celgc-I32-const-asgd-s2021``: that pair with a second seed
       (``PARITY_SECOND_SEED``), since that pair is the one where CELGC drew level.
+    * ``celgc-I256-const-asgd`` and its ``-s2021``: the constant-lr schedule at I = 256 with both
+      seeds, against the constant-lr naive runs above (whether the parity holds at 8x fewer
+      rounds again).
     * ``celgc-I32-drop0.2-24ep``: CELGC with dropout given twice the epochs (the decay rescaled
       to 24), judged against naive's 12: with dropout CELGC under-fits (train perplexity 110
       against naive's 43 without dropout) and stalls once the decay starts, while its rounds
@@ -704,6 +707,8 @@ def parity(epochs: float = 12.0) -> Plan:
     ]
     const = {name: cfg for name, cfg in runs if name.endswith("-const-asgd")}
     runs += [(f"{name}-s{PARITY_SECOND_SEED}", cfg.replace(seed=PARITY_SECOND_SEED)) for name, cfg in const.items()]
+    i256 = _converge(epochs, decay_start=1.0, **{**celgc, "period": 256}, asgd_patience=1)
+    runs += [("celgc-I256-const-asgd", i256), (f"celgc-I256-const-asgd-s{PARITY_SECOND_SEED}", i256.replace(seed=PARITY_SECOND_SEED))]
     dropped = f"drop{PARITY_DROPOUT:g}"
     runs += [(f"celgc-I32-{dropped}-24ep", _converge(2 * epochs, **celgc, **drop)),
              *((f"{name}-{dropped}", cfg.replace(**drop)) for name, cfg in const.items())]
