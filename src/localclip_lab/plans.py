@@ -739,7 +739,9 @@ def gpt_parity(epochs: float = 10.0) -> Plan:
     in its gradient, and the mean of four such steps cancels their noise, so the averaged model
     may move about half as far as naive's, which normalises after averaging. ``avg-I32-olr2``
     doubles each round's displacement (outer SGD, lr 2, no momentum); ``avg-I32-lr2x`` doubles
-    the inner lr instead.
+    the inner lr instead. ``avg-I32-lr0.5x``, ``naive-lr0.5x`` and ``naive-lr2x`` complete a grid
+    of the lr (0.5x, 1x, 2x the recipe's) for both sides, so that each is read at its own best
+    lr on the same grid.
     """
     from localclip.recipes import converge_schedule, for_inner_optimizer
 
@@ -760,7 +762,10 @@ def gpt_parity(epochs: float = 10.0) -> Plan:
     plain = [("avg-I32", avg),
              ("avg-I32-olr2", avg.replace(outer_optimizer="sgd", outer_lr=2.0, outer_momentum=0.0)),
              ("avg-I32-lr2x", avg.replace(lr=2 * avg.local.lr))]
-    return [*seed_runs(GPT_PARITY_SEEDS[0]), *plain, *(run for seed in GPT_PARITY_SEEDS[1:] for run in seed_runs(seed))]
+    naive = base.replace(algorithm="naive", period=1, seed=GPT_PARITY_SEEDS[0])
+    lr_grid = [("avg-I32-lr0.5x", avg.replace(lr=avg.local.lr / 2)),
+               ("naive-lr0.5x", naive.replace(lr=naive.local.lr / 2)), ("naive-lr2x", naive.replace(lr=2 * naive.local.lr))]
+    return [*seed_runs(GPT_PARITY_SEEDS[0]), *plain, *(run for seed in GPT_PARITY_SEEDS[1:] for run in seed_runs(seed)), *lr_grid]
 
 
 def _epoch_steps(workers: int, recipe: str = "ptb-converge") -> int:

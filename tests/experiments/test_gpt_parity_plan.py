@@ -18,7 +18,7 @@ def test_every_run_trains_the_same_tokens_with_the_recipes_adamw():
     assert len(shared) == 1
     for name, cfg in RUNS.items():
         assert cfg.local.inner_optimizer == "adamw", name
-        lr = adamw["lr"] * (2 if name == "avg-I32-lr2x" else 1)  # the one probe of the inner lr
+        lr = adamw["lr"] * {"lr2x": 2, "lr0.5x": 0.5}.get(name.rsplit("-", 1)[-1], 1)  # the lr grid
         assert (cfg.local.lr, list(cfg.local.betas), cfg.local.weight_decay, cfg.local.max_grad_norm) == (lr, adamw["betas"], adamw["weight_decay"], adamw["max_grad_norm"]), name
         assert math.isinf(cfg.local.gamma) and cfg.workload.model_options == recipe.workload.model_options, name
         assert cfg.evaluation.eval_interval % (cfg.resolved().round.period or 1) == 0, name
@@ -44,3 +44,9 @@ def test_the_step_length_probes_change_one_knob_of_plain_averaging_each():
 
 def test_the_runs_description_names_the_inner_optimizer_and_its_clip():
     assert "adamw(clip=1)" in runner._short(RUNS["naive"])
+
+
+def test_the_lr_grid_is_the_same_for_both_sides_and_changes_only_the_lr():
+    for name, factor in (("avg-I32-lr0.5x", 0.5), ("avg-I32-lr2x", 2), ("naive-lr0.5x", 0.5), ("naive-lr2x", 2)):
+        plain = RUNS[name.rsplit("-", 1)[0]]
+        assert RUNS[name].local.lr == factor * plain.local.lr and RUNS[name].replace(lr=plain.local.lr) == plain, name
