@@ -91,7 +91,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         AlgorithmSpec("celgc", CELGC, "clipped local steps, models averaged every period (CELGC)", True, clip_modes=CLIP_MODES),
         AlgorithmSpec(
             "naive", NaiveParallelClipping, "gradients averaged every step, then clipped", False,
-            fixed={"period": (1, "naive parallel clipping communicates every step")},
+            fixed={"period": (NaiveParallelClipping.fixed_period, "naive parallel clipping communicates every step")},
         ),
         AlgorithmSpec(
             "local-sgd", CELGC, "local steps without clipping, models averaged every period", True,
@@ -363,14 +363,18 @@ def compose(algorithm: str, model: nn.Module, optimizer: torch.optim.Optimizer, 
     return spec(algorithm).cls.from_optimizer(model, optimizer, period, group=group, **round_options)
 
 
-def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
-    """The algorithm a (resolved) config describes, over ``model``, talking through ``comm``."""
+def build_algorithm(config, model: nn.Module, comm, *, outer: OuterSGD | None = None) -> DistributedAlgorithm:
+    """The algorithm a (resolved) config describes, over ``model``, talking through ``comm``.
+
+    ``outer``: the round's outer optimizer, when the caller built it from ``config`` with
+    :func:`outer_optimizer` to hold it too (the trainer decays its lr with the inner one:
+    ``outer_lr_decay``); None: built here, as ``config`` says."""
     s = spec(config.algorithm.name)
     options = dict(average_buffers=config.round.average_buffers, optimizer_state=config.round.optimizer_state,
                    skip_nonfinite=config.run.on_nonfinite == "skip")
     if s.averages_models:
         options.update(participants=config.round.participants, participation_seed=config.run.seed,
-                       outer_optimizer=outer_optimizer(config), compression=config.round.compression)
+                       outer_optimizer=outer_optimizer(config) if outer is None else outer, compression=config.round.compression)
         if config.round.warmup_steps:
             options.update(warmup_steps=config.round.warmup_steps)
         if config.round.compression in LOWBIT:
