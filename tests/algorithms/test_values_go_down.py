@@ -2,8 +2,6 @@
 algorithm, which the builder's table reads), and the round's outer optimizer is handed to the
 algorithm by whoever built it from the config instead of being read back from the algorithm."""
 
-import pytest
-
 from localclip.algorithms import ALGORITHMS, NaiveParallelClipping, build_algorithm
 from localclip.algorithms.build import communication_period, outer_optimizer, resolved
 from localclip.comm import SimulatedWorld, current
@@ -41,7 +39,6 @@ def test_the_algorithm_takes_the_outer_optimizer_it_is_handed():
     assert SimulatedWorld(2).run(worker) == [(True, ("nesterov", 0.5))] * 2
 
 
-@pytest.mark.full  # a trainer over the test corpus: a few seconds
 def test_a_trainers_step_decay_and_its_rounds_share_the_outer_optimizer_built_from_the_config(monkeypatch):
     """The trainer builds the outer optimizer once, from ``config.round``, and hands that object
     down to both; the averager's attribute is never asked for it."""
