@@ -34,6 +34,7 @@ import torch
 
 from localclip.recipes import get_recipe
 from localclip.train import run_training
+from localclip.algorithms import build
 
 
 def _cpu_seconds() -> float:
@@ -75,7 +76,7 @@ def main() -> None:
           + (f"   {'sim ms/step':>11} {'spawn ms/step':>13} {'ratio':>6}" if long else "") + "   same model")
     results = {}
     for n in args.workers:
-        cfg = base.replace(workers=n).resolved()
+        cfg = build.resolved(base.replace(workers=n))
         long_cfg = cfg.replace(max_steps=long) if long else None
         runs, per_step = {"simulate": [], "spawn": []}, {"simulate": [], "spawn": []}
         hashes, long_hashes = set(), set()

@@ -27,6 +27,7 @@ from localclip.comm import SimulatedWorld
 from localclip.models import detach_hidden
 from localclip.recipes import get_recipe
 from localclip.train import Trainer
+from localclip.algorithms import build
 
 
 def trainer_overhead(config, blocks: int, block_steps: int) -> tuple[list[float], list[float]]:
@@ -79,7 +80,7 @@ def main() -> None:
     base = get_recipe("ptb-small").replace(data_root=args.data_root, eval_tokens=2000, log_interval=10**6, checkpoint_interval=10**6)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
-    single = base.replace(workers=1, algorithm="celgc", period=8).resolved()
+    single = build.resolved(base.replace(workers=1, algorithm="celgc", period=8))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     bare, trained, bare_wall, trained_wall = trainer_overhead(single, args.blocks, args.block_steps)

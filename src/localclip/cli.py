@@ -156,17 +156,17 @@ def train_config(argv: list[str]):
 
 
 def _train_config(args):
-    """The resolved config of ``localclip train``'s parsed ``args``: what the flags ask for
-    (:func:`localclip.train.flags.requested`), with the recipe's settings for another inner
-    optimizer, resolved once by the builder; raises :class:`ConfigError` naming every value in
-    conflict."""
+    """The resolved config of ``localclip train``'s parsed ``args``: what the flags ask for of
+    the named recipe (:func:`localclip.train.flags.requested`), with the recipe's settings for
+    another inner optimizer, resolved once by the builder; raises :class:`ConfigError` naming
+    every value in conflict."""
     from localclip import devices
     from localclip.algorithms import build
     from localclip.errors import ConfigError
-    from localclip.recipes import for_inner_optimizer
+    from localclip.recipes import for_inner_optimizer, get_recipe
     from localclip.train.flags import requested
 
-    config, explicit = requested(args)
+    config, explicit = requested(get_recipe(args.recipe), args)
     try:
         config, refused = for_inner_optimizer(args.recipe, config, explicit), None
     except ConfigError as exc:

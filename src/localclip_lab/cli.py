@@ -63,18 +63,12 @@ def _sweep(args) -> int:
         for line in sweeps.plan_lines(args.name, args.root, args.epochs, args.only):
             print(line)
         return 0
-    runs = sweeps.plan(args.name, args.epochs, args.only)  # unknown names fail before anything is written
-    corpora = {}
-    for _, config in runs:
-        resolved = config.replace(data_root=args.data_root or config.workload.data_root).resolved()
-        if resolved.workload.task == "lm":
-            corpora.setdefault((resolved.workload.dataset, resolved.workload.data_root), resolved)
-    for resolved in corpora.values():
-        ensure_corpus(resolved)
+    # The sweep resolves each run's config once and, before it writes anything, fetches the
+    # corpora its selected runs read.
     sweeps.run_sweep(
         args.name, args.root, epochs=args.epochs, runtime=args.runtime, data_root=args.data_root, only=args.only,
         progress=args.progress, max_steps=args.max_steps, overrides=args.overrides, jobs=args.jobs,
-        echo=lambda line: print(line, flush=True),
+        echo=lambda line: print(line, flush=True), fetch_corpus=ensure_corpus,
     )
     print(f"sweep {args.name}: done; `localclip report {args.name} --root {args.root}` summarises it")
     return 0

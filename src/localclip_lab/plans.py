@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from localclip.errors import LocalclipError
 from localclip.recipes import get_recipe
-from localclip.algorithms.build import communication_period
+from localclip.algorithms.build import communication_period, spec
 from localclip.train.config import TrainConfig
 
 __all__ = ["REPORT_KINDS", "SWEEPS", "Plan", "SweepError", "SweepFailed", "SPEEDUP_TARGETS", "WORKER_STEPS_PER_EPOCH", "describe", "plan", "report_kind", "select", "sweep"]
@@ -105,11 +105,13 @@ def _sized(cfg: TrainConfig, recipe: str, evals_per_epoch: int) -> TrainConfig:
     validations per epoch, at steps that end a communication period, so that every validation
     scores the averaged model (between rounds each worker would score its own columns with its
     own model). The intervals do not depend on ``epochs``, so a run resumed with other epochs
-    keeps its config. A full PTB validation costs about as much as 250 worker-steps.
+    keeps its config. A full PTB validation costs about as much as 250 worker-steps. The workers
+    and the period are the ones the algorithm runs (``single``: one worker; ``naive``: period 1),
+    asked of its spec: the config is resolved once, by the sweep that runs it.
     """
-    resolved = cfg.resolved()
-    per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // resolved.algorithm.workers)
-    period = communication_period(resolved) or 1
+    workers = spec(cfg.algorithm.name).workers(cfg.algorithm.workers)
+    per_worker = max(1, WORKER_STEPS_PER_EPOCH[recipe] // workers)
+    period = communication_period(cfg) or 1
     every = max(period, round(per_worker / evals_per_epoch / period) * period)
     return cfg.replace(eval_interval=every, log_interval=max(1, per_worker // LOGS_PER_EPOCH), threads=1)
 

@@ -7,9 +7,11 @@ Layout::
 
 :func:`run_sweep` skips finished runs (``summary.json``), resumes started ones from their latest
 checkpoint and starts the rest, so an interrupted sweep is continued by running it again. It
-owns no training logic: each run is one :func:`localclip.train.run_training` call, in this
-process when ``jobs`` is 1, else in a child process (``python -m localclip_lab.runner``)
-per run, at most ``jobs`` at a time. One sweep process per sweep folder.
+owns no training logic: it resolves each run's config once
+(:func:`localclip.algorithms.build.resolved`), and that resolved config serves the checks, the
+status file, the lines it prints and the run, which is one :func:`localclip.train.run_resolved`
+call, in this process when ``jobs`` is 1, else in a child process (``python -m localclip_lab.runner``,
+handed the resolved config) per run, at most ``jobs`` at a time. One sweep process per sweep folder.
 
 Concurrent runs split the machine's cores: run slot ``s`` of ``jobs`` is bound (CPU affinity)
 to its own share of the cores, so runs do not fight over them. The sweeps pin one intra-op
@@ -33,11 +35,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from localclip import jsonio
+from localclip.algorithms import build
 from localclip.algorithms.build import communication_period
 from localclip.averaging.codecs import LOWBIT
 from localclip.errors import Interrupted, LocalclipError
 from localclip_lab.plans import Plan, SweepError, SweepFailed, plan, select
-from localclip.train import run_training
+from localclip.train import run_resolved
 from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
 from localclip.train.run_folder import RunFolder, atomic_write_text
 
@@ -94,9 +97,9 @@ def _folder_state(folder: Path) -> str:
 
 
 def _write_status(path: Path, name: str, runs: Plan, selected: list[str], status: dict[str, dict], meta: dict) -> None:
+    """``sweep.json`` of ``runs``, each with its resolved config."""
     entries = []
-    for run_name, cfg in runs:
-        resolved = cfg.resolved()
+    for run_name, resolved in runs:
         entry = {
             "name": run_name, "algorithm": resolved.algorithm.name, "workers": resolved.algorithm.workers, "period": resolved.round.period,
             "epochs": resolved.schedule.epochs, "selected": run_name in selected, "status": _folder_state(path.parent / run_name),
@@ -123,6 +126,7 @@ def run_sweep(
     overrides: Sequence[str] = (),
     jobs: int | None = 1,
     echo: Callable[[str], None] = print,
+    fetch_corpus: Callable[[TrainConfig], object] | None = None,
 ) -> dict[str, str]:
     """Run the sweep ``name`` into ``root/name``; return each selected run's outcome
     (``skipped``, ``started``, ``resumed``, ``failed``).
@@ -132,16 +136,21 @@ def run_sweep(
     :func:`default_jobs`); 1 runs them one after another in this process. A run that fails is
     reported and the sweep goes on; :class:`SweepFailed` is raised at the end if any did.
     ``data_root`` is the config's: the corpora's folder for PTB, the IDX files' folder for
-    Fashion-MNIST.
+    Fashion-MNIST. ``fetch_corpus(config)``, if given, is called once for each corpus of the
+    selected language-model runs, after every config has been checked and before anything is
+    written (the ``localclip sweep`` command downloads a missing corpus there).
     """
     if jobs is not None:
         _check_jobs(jobs)
     changes = {k: v for k, v in (("max_steps", max_steps), ("data_root", data_root)) if v is not None}
-    # Every config as it will run, checked before anything is written (a bad override fails here).
-    runs = [(run, apply_overrides(cfg.replace(**changes), list(overrides))) for run, cfg in plan(name, epochs)]
-    for _, cfg in runs:
-        cfg.resolved()
+    # Every config as it will run, resolved once and checked before anything is written (a bad
+    # override fails here); what follows reads these resolved configs and never resolves again.
+    runs = [(run, build.resolved(apply_overrides(cfg.replace(**changes), list(overrides)))) for run, cfg in plan(name, epochs)]
     selected = select(name, runs, only)
+    if fetch_corpus is not None:
+        corpora = {(cfg.workload.dataset, cfg.workload.data_root): cfg for run, cfg in runs if run in selected and cfg.workload.task == "lm"}
+        for cfg in corpora.values():
+            fetch_corpus(cfg)
     folder = Path(root) / name
     folder.mkdir(parents=True, exist_ok=True)
     status_path = folder / "sweep.json"
@@ -171,7 +180,8 @@ def run_sweep(
 
 
 class _Sweep:
-    """The bookkeeping of one sweep invocation: outcomes, failures and ``sweep.json``."""
+    """The bookkeeping of one sweep invocation: outcomes, failures and ``sweep.json``. Every
+    config it holds or is handed is resolved."""
 
     def __init__(self, name: str, folder: Path, runs: Plan, selected: list[str], meta: dict, echo):
         self.name, self.folder, self.runs, self.selected, self.meta, self.echo = name, folder, runs, selected, meta, echo
@@ -214,7 +224,7 @@ class _Sweep:
     def run_here(self, tag: str, run_name: str, cfg: TrainConfig, runtime: str, progress: bool) -> None:
         resume = self.starting(tag, run_name, cfg)
         try:
-            summary = run_training(cfg, self.folder / run_name, runtime=runtime, resume=resume, progress=progress)
+            summary = run_resolved(cfg, self.folder / run_name, runtime=runtime, resume=resume, progress=progress)
         except (KeyboardInterrupt, Interrupted):  # a stop request ends the sweep, not just this run
             self.interrupted([run_name])
             raise
@@ -339,7 +349,8 @@ def _tail(path: Path, chars: int = 600) -> str:
 
 
 def _child(job_path: str) -> int:
-    """One run of a sweep in this (child) process, as :meth:`_Sweep.run_here` would run it."""
+    """One run of a sweep in this (child) process, as :meth:`_Sweep.run_here` would run it: the
+    job holds the config the sweep resolved."""
     job = jsonio.loads(Path(job_path).read_text())
     if job.get("parent"):
         _stop_with_parent(job["parent"])
@@ -353,7 +364,7 @@ def _child(job_path: str) -> int:
         torch.set_num_threads(len(job["cores"]))
     result: dict
     try:
-        summary = run_training(config_from_dict(job["config"]), job["out"], runtime=job["runtime"], resume=job["resume"], progress=False)
+        summary = run_resolved(config_from_dict(job["config"]), job["out"], runtime=job["runtime"], resume=job["resume"], progress=False)
         result = {"status": "ok", "summary": summary}
     except Interrupted:
         return Interrupted.exit_code  # checkpointed: the next invocation resumes it, no result
@@ -379,8 +390,8 @@ def _epochs_note(run: RunFolder, cfg: TrainConfig) -> str:
     return ""
 
 
-def _short(cfg: TrainConfig) -> str:
-    r = cfg.resolved()
+def _short(r: TrainConfig) -> str:
+    """One line of the resolved config ``r``: what the run is."""
     every = communication_period(r)
     period = "" if every is None else f" I={every}"
     text = f"{r.algorithm.name} N={r.algorithm.workers}{period} η={r.local.lr:g} γ={r.local.gamma:g} epochs={r.schedule.epochs:g}"
@@ -432,7 +443,7 @@ def plan_lines(name: str, root: str | os.PathLike | None = None, epochs: float |
     lines = []
     for run_name, cfg in plan(name, epochs, only):
         state = f"  [{_folder_state(Path(root) / name / run_name)}]" if root is not None else ""
-        lines.append(f"{run_name:24s} {_short(cfg)}{state}")
+        lines.append(f"{run_name:24s} {_short(build.resolved(cfg))}{state}")
     return lines
 
 

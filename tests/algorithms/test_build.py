@@ -18,6 +18,7 @@ from localclip.errors import ConfigError
 from localclip.optim import CLIP_MODES, INNER_OPTIMIZERS, ClippedAdamW
 from localclip.averaging.outer import OUTER_OPTIMIZERS, OuterSGD
 from localclip.train import TrainConfig
+from localclip.algorithms import build
 
 from helpers import REAL_PTB, needs_real_ptb
 from workers import fixed_batches, tiny_model
@@ -343,14 +344,14 @@ def test_a_recipes_own_values_are_not_the_users():
 
 
 def test_schedule_questions_are_answered_by_the_algorithm():
-    assert communication_period(TrainConfig().replace(algorithm="naive").resolved()) == 1
-    assert communication_period(TrainConfig().replace(algorithm="celgc", period=8).resolved()) == 8
-    assert communication_period(TrainConfig().replace(algorithm="single").resolved()) is None
+    assert communication_period(build.resolved(TrainConfig().replace(algorithm="naive"))) == 1
+    assert communication_period(build.resolved(TrainConfig().replace(algorithm="celgc", period=8))) == 8
+    assert communication_period(build.resolved(TrainConfig().replace(algorithm="single"))) is None
 
     def worker():
         out = {}
         for name in ("celgc", "naive", "episode"):
-            alg = build_algorithm(TrainConfig().replace(algorithm=name, workers=2, period=4).resolved(), tiny_model(), current())
+            alg = build_algorithm(build.resolved(TrainConfig().replace(algorithm=name, workers=2, period=4)), tiny_model(), current())
             out[name] = (alg.period, [alg.communicates(s) for s in range(1, 9)])
         return out
 

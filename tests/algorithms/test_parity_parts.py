@@ -11,6 +11,7 @@ from localclip.comm import SimulatedWorld, current
 from localclip.errors import ConfigError
 from localclip.optim.schedule import StepDecay
 from localclip.averaging import OuterSGD
+from localclip.algorithms import build
 
 from workers import fixed_batches, tiny_model
 
@@ -83,10 +84,10 @@ def test_a_run_with_a_decaying_outer_lr_hands_its_outer_optimizer_to_the_decay()
     from localclip.train import Trainer
     from helpers import CUSTOM, SHARED
 
-    config = get_recipe("ptb-small").replace(
+    config = build.resolved(get_recipe("ptb-small").replace(
         workers=2, period=2, outer_optimizer="nesterov", outer_lr_decay=True,
         lr_decay_epochs=[1, 2], lr_decay=0.5, data_root=str(SHARED), allow_custom_corpus=CUSTOM, threads=1,
-        eval_tokens=200, max_steps=2).resolved()
+        eval_tokens=200, max_steps=2))
 
     def worker():
         trainer = Trainer(config, None, progress=False)

@@ -13,6 +13,7 @@ from localclip.algorithms import build_algorithm
 from localclip.cli import main
 from localclip.comm import SimulatedWorld, current
 from localclip.train import TrainConfig
+from localclip.algorithms import build
 
 from helpers import SMOKE_DATA
 from workers import fixed_batches, tiny_model
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _celgc_on(device, steps=6):
-    config = TrainConfig().replace(algorithm="celgc", workers=2, period=3, lr=0.5, gamma=0.05).resolved()
+    config = build.resolved(TrainConfig().replace(algorithm="celgc", workers=2, period=3, lr=0.5, gamma=0.05))
 
     def worker():
         model = tiny_model(seed=current().rank).to(device)
@@ -90,8 +91,8 @@ def test_spawned_workers_use_nccl_one_gpu_each(tmp_path):
 
 
 def test_the_outer_step_and_bf16_rounds_run_on_the_gpu():
-    config = TrainConfig().replace(algorithm="celgc", workers=2, period=2, lr=0.5, gamma=0.05, outer_optimizer="nesterov",
-                         compression="bf16").resolved()
+    config = build.resolved(TrainConfig().replace(algorithm="celgc", workers=2, period=2, lr=0.5, gamma=0.05, outer_optimizer="nesterov",
+                         compression="bf16"))
 
     def worker():
         model = tiny_model(seed=current().rank).cuda()

@@ -10,6 +10,7 @@ import localclip_lab as sweeps
 from localclip.cli import main
 from localclip.comm.membership import check_plan, parse_plan
 from localclip_lab import plans
+from localclip.algorithms import build
 
 
 def test_churn_pairs_a_run_with_a_copy_that_has_one_worker_of_8_away_a_tenth_of_the_time():
@@ -18,7 +19,7 @@ def test_churn_pairs_a_run_with_a_copy_that_has_one_worker_of_8_away_a_tenth_of_
     calm, churn = runs["celgc-I32"], runs["celgc-I32-churn"]
     assert calm == dict(sweeps.plan("fair"))["celgc-I32"]  # the no-churn run is fair's CELGC I = 32
     assert churn.replace(fail=[]) == calm and not calm.algorithm.fail
-    resolved = churn.resolved()
+    resolved = build.resolved(churn)
     assert (resolved.algorithm.workers, resolved.round.period, resolved.schedule.epochs) == (8, 32, 12)
     plan = parse_plan(churn.algorithm.fail)
     check_plan(plan, resolved.algorithm.workers, resolved.round.period)  # the simulator accepts it

@@ -6,6 +6,7 @@ import math
 
 from localclip_lab import plans, runner
 from localclip.recipes import get_recipe, INNER_SETTINGS
+from localclip.algorithms import build
 
 RUNS = dict(plans.plan("gpt-parity"))
 
@@ -21,7 +22,7 @@ def test_every_run_trains_the_same_tokens_with_the_recipes_adamw():
         lr = adamw["lr"] * {"lr2x": 2, "lr0.5x": 0.5}.get(name.rsplit("-", 1)[-1], 1)  # the lr grid
         assert (cfg.local.lr, list(cfg.local.betas), cfg.local.weight_decay, cfg.local.max_grad_norm) == (lr, adamw["betas"], adamw["weight_decay"], adamw["max_grad_norm"]), name
         assert math.isinf(cfg.local.gamma) and cfg.workload.model_options == recipe.workload.model_options, name
-        assert cfg.evaluation.eval_interval % (cfg.resolved().round.period or 1) == 0, name
+        assert cfg.evaluation.eval_interval % (build.resolved(cfg).round.period or 1) == 0, name
 
 
 def test_diloco_runs_step_outside_with_nesterov_and_naive_rounds_every_step():

@@ -5,6 +5,7 @@ CELGC rounds every 32 steps with plain averaging, a constant lr and γ, and the 
 from localclip.recipes import GAMMA_CELGC_I32, get_recipe
 from localclip.train.config import flat_view
 from localclip_lab import plans
+from localclip.algorithms import build
 
 
 def test_the_preset_is_the_parity_runs_configuration_but_for_its_log_interval():
@@ -15,7 +16,7 @@ def test_the_preset_is_the_parity_runs_configuration_but_for_its_log_interval():
 
 
 def test_the_preset_resolves_to_celgc_at_period_32_with_a_constant_schedule_and_the_epoch_average():
-    cfg = get_recipe("ptb-converge-asgd").resolved()
+    cfg = build.resolved(get_recipe("ptb-converge-asgd"))
     assert (cfg.algorithm.name, cfg.algorithm.workers, cfg.round.period) == ("celgc", 8, 32)
     assert (cfg.local.lr, cfg.local.gamma) == (20.0, GAMMA_CELGC_I32)
     assert (cfg.schedule.lr_decay_epochs, cfg.schedule.lr_decay, cfg.evaluation.asgd_patience) == ([], 1.0, 1)

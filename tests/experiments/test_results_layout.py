@@ -8,6 +8,7 @@ from pathlib import Path
 
 import localclip_lab as experiments
 from localclip.train.run_folder import RunFolder
+from localclip.algorithms import build
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
@@ -93,5 +94,5 @@ def test_the_gpt_sweep_makes_the_committed_transformer_runs():
     for name, cfg in plan.items():
         committed, provenance = RunFolder(folder / name).read_config()
         assert provenance and provenance["commit"]
-        differ = {k for k, v in committed.to_flat().items() if k != "data_root" and v != cfg.resolved().to_flat()[k]}
+        differ = {k for k, v in committed.to_flat().items() if k != "data_root" and v != build.resolved(cfg).to_flat()[k]}
         assert not differ, (name, differ)

@@ -14,6 +14,7 @@ import localclip_lab as experiments
 from localclip.cli import main
 from localclip_lab import runner
 from localclip.recipes import converge_schedule, get_recipe
+from localclip.algorithms import build
 
 from helpers import CUSTOM_OVERRIDES, SHARED, SMALL
 
@@ -90,9 +91,9 @@ def test_converge_sweeps_plan_what_the_issue_asks():
     for name in main_runs:
         assert runs[name].schedule.epochs == 12 and runs[name].schedule.lr_decay_epochs == base.schedule.lr_decay_epochs
     assert {name: runs[name].round.period for name in ("celgc-I8", "celgc-I32", "celgc-I256")} == {"celgc-I8": 8, "celgc-I32": 32, "celgc-I256": 256}
-    assert runs["local-sgd-I8-lr20"].resolved().local.gamma == float("inf") and runs["local-sgd-I8-lr20"].local.lr == base.local.lr
+    assert build.resolved(runs["local-sgd-I8-lr20"]).local.gamma == float("inf") and runs["local-sgd-I8-lr20"].local.lr == base.local.lr
     stable = [c for n, c in runs.items() if n.startswith("local-sgd") and n != "local-sgd-I8-lr20"]
-    assert len(stable) == 1 and stable[0].local.lr < base.local.lr and stable[0].resolved().local.gamma == float("inf")
+    assert len(stable) == 1 and stable[0].local.lr < base.local.lr and build.resolved(stable[0]).local.gamma == float("inf")
     assert runs["naive-s2"].run.seed == runs["celgc-I32-s2"].run.seed != base.run.seed
     scenarios = {"naive-short", "naive-hetero", "celgc-I32-hetero", "celgc-I16-K4", "naive-mom0.9", "celgc-I4-mom0.9"}
     assert scenarios <= set(runs) and all(runs[n].schedule.epochs >= 6 for n in scenarios)

@@ -16,6 +16,7 @@ from localclip.cli import main
 from localclip.errors import ConfigError, LocalclipError
 from localclip.recipes import get_recipe
 from localclip.train.run_folder import RunFolder
+from localclip.algorithms import build
 
 from helpers import SHARED, SMALL, needs_fmnist
 
@@ -42,14 +43,14 @@ def test_every_sweep_plans_distinct_valid_runs():
         runs = sweeps.plan(name)
         assert len({run for run, _ in runs}) == len(runs) and runs
         for run, cfg in runs:
-            resolved = cfg.resolved()
+            resolved = build.resolved(cfg)
             if resolved.algorithm.name in ("celgc", "local-sgd") and resolved.algorithm.workers > 1:
                 assert resolved.evaluation.eval_interval % resolved.round.period == 0, (name, run)  # validations see the averaged model
     isweep = dict(sweeps.plan("isweep", epochs=0.25))
     assert [c.round.period for r, c in isweep.items() if r.startswith("celgc")] == [2, 4, 8, 16, 32, 64]
     assert {c.run.seed for c in isweep.values()} == {get_recipe("ptb-small").run.seed} and {c.schedule.epochs for c in isweep.values()} == {0.25}
-    assert isweep["naive"].algorithm.name == "naive" and isweep["local-sgd-I8"].resolved().local.gamma == float("inf")
-    assert [c.resolved().algorithm.workers for _, c in sweeps.plan("speedup")] == [1, 2, 4, 8]
+    assert isweep["naive"].algorithm.name == "naive" and build.resolved(isweep["local-sgd-I8"]).local.gamma == float("inf")
+    assert [build.resolved(c).algorithm.workers for _, c in sweeps.plan("speedup")] == [1, 2, 4, 8]
     scen = dict(sweeps.plan("scenarios"))
     mom, mom_naive, base = scen["celgc-I4-mom0.9-lr0.1x"], scen["naive-mom0.9-lr0.1x"], get_recipe("ptb-small")
     assert (mom.local.lr, mom.local.gamma) == (mom_naive.local.lr, mom_naive.local.gamma) == pytest.approx((base.local.lr * 0.1, base.local.gamma * 0.1))
@@ -123,8 +124,8 @@ def test_a_run_that_died_after_a_checkpoint_is_resumed_not_restarted(tmp_path, m
     assert [json.loads(line)["step"] for line in kept] == [2, 4]
 
     calls = []
-    train = runner.run_training
-    monkeypatch.setattr(runner, "run_training", lambda *a, **k: calls.append(k["resume"]) or train(*a, **k))
+    train = runner.run_resolved
+    monkeypatch.setattr(runner, "run_resolved", lambda *a, **k: calls.append(k["resume"]) or train(*a, **k))
     assert small_sweep(tmp_path, only=["celgc-I8"], max_steps=16) == {"celgc-I8": "resumed"}
     assert calls == [True] and (run / "config.json").read_bytes() == config_before
     after = (run / "metrics.jsonl").read_text().splitlines()
@@ -142,7 +143,7 @@ def test_a_failing_run_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
             raise ConfigError("Invalid lr: 'boom'")
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(runner, "run_training", fake_training)
+    monkeypatch.setattr(runner, "run_resolved", fake_training)
     with pytest.raises(sweeps.SweepFailed) as info:
         sweeps.run_sweep("isweep", tmp_path, only=["celgc-I2", "celgc-I4", "naive"], echo=lambda _: None)
     assert calls == ["celgc-I2", "celgc-I4", "naive"]

@@ -12,6 +12,7 @@ from localclip.cli import main
 from localclip.errors import ConfigError
 from localclip.models import GPT, build_model
 from localclip.recipes import get_recipe
+from localclip.algorithms import build
 from helpers import SMOKE_DATA
 
 
@@ -102,7 +103,7 @@ def test_cli_gpt_context_too_long_is_one_line_and_no_run_folder(tmp_path, capsys
 
 def test_recipes_fit_their_contexts():
     for name in ("ptb-gpt-small", "wt2-gpt"):
-        cfg = get_recipe(name).resolved()
+        cfg = build.resolved(get_recipe(name))
         assert cfg.workload.bptt <= cfg.workload.model_options["block_size"]
 
 

@@ -14,6 +14,7 @@ from localclip.comm import SimulatedWorld, current
 from localclip.errors import ConfigError
 from localclip.optim import ClippedAdamW
 from localclip.train import TrainConfig
+from localclip.algorithms import build
 
 from workers import fixed_batches, tiny_model
 
@@ -220,11 +221,11 @@ def test_from_optimizer_rejects_an_optimizer_over_other_parameters():
 )
 def test_bad_inner_optimizer_settings_are_named(changes, match):
     with pytest.raises(ConfigError, match=match):
-        TrainConfig().replace(**changes).resolved()
+        build.resolved(TrainConfig().replace(**changes))
 
 
 def test_local_sgd_with_adamw_means_no_clipping():
-    cfg = TrainConfig().replace(algorithm="local-sgd", inner_optimizer="adamw", max_grad_norm=1.0, lr=1e-3).resolved()
+    cfg = build.resolved(TrainConfig().replace(algorithm="local-sgd", inner_optimizer="adamw", max_grad_norm=1.0, lr=1e-3))
     assert cfg.local.max_grad_norm == math.inf and cfg.local.gamma == math.inf
 
 
@@ -256,12 +257,12 @@ def test_a_run_started_before_the_new_fields_existed_still_resumes(tmp_path):
 
     from localclip.train import RunFolder
 
-    cfg = TrainConfig().resolved()
+    cfg = build.resolved(TrainConfig())
     old = {k: v for k, v in json.loads(cfg.to_json()).items() if k not in ("inner_optimizer", "max_grad_norm", "betas", "loggers")}
     run = RunFolder(tmp_path / "r")
     run.path.mkdir()
     run.config_path.write_text(json.dumps(old))
     assert not run.prepare(cfg.to_json(), resume=True)  # accepted, no checkpoint yet
-    changed = TrainConfig().replace(inner_optimizer="adamw", lr=1e-3).resolved()
+    changed = build.resolved(TrainConfig().replace(inner_optimizer="adamw", lr=1e-3))
     with pytest.raises(localclip.errors.RunFolderError, match="inner_optimizer: 'clipped_sgd' in the run, 'adamw' now"):
         run.prepare(changed.to_json(), resume=True)

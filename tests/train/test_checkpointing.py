@@ -10,6 +10,7 @@ from localclip.comm import SimulatedWorld, current
 from localclip.recipes import get_recipe
 from localclip.train import RunFolder, Trainer
 from localclip.train.trainer import state_hash
+from localclip.algorithms import build
 from helpers import CUSTOM, SHARED
 
 STEPS = 4  # past the first round (period 3), within the first logging interval
@@ -42,10 +43,10 @@ def step(trainer, batches):
 
 
 def test_a_checkpoint_restores_the_worker_bit_for_bit_and_its_next_step_is_the_same(tmp_path):
-    config = get_recipe("ptb-small").replace(
+    config = build.resolved(get_recipe("ptb-small").replace(
         workers=2, period=3, data_root=str(SHARED), allow_custom_corpus=CUSTOM, threads=1,
         model_options={**get_recipe("ptb-small").workload.model_options, "dropout": 0.3},  # the worker's random stream matters
-    ).resolved()
+    ))
     run = RunFolder(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from localclip.errors import ConfigError
 from localclip.recipes import RECIPES, get_recipe
 from localclip.train.config import TrainConfig, apply_overrides, config_from_dict
+from localclip.algorithms import build
 
 INT_FIELDS = ["workers", "period", "batch_size", "bptt", "log_interval", "checkpoint_interval", "seed"]
 FLOAT_FIELDS = ["lr", "gamma", "momentum", "weight_decay", "lr_decay", "timeout"]
@@ -46,7 +47,7 @@ def test_arbitrary_override_text_is_accepted_or_a_config_error(text):
     else:
         assert isinstance(cfg, TrainConfig)
         try:
-            cfg.validate()
+            build.validate(cfg)
         except ConfigError as exc:
             assert str(exc).startswith("Invalid ")
 
@@ -72,16 +73,16 @@ def test_every_recipe_resolves_and_round_trips_through_json():
     import json
 
     for name in RECIPES:
-        cfg = get_recipe(name).resolved()
+        cfg = build.resolved(get_recipe(name))
         again = config_from_dict(json.loads(cfg.to_json()))
         assert again == cfg, name
 
 
 def test_resolved_applies_the_algorithm_conventions():
-    assert TrainConfig().replace(algorithm="single", workers=8).resolved().algorithm.workers == 1
-    assert math.isinf(TrainConfig().replace(algorithm="local-sgd").resolved().local.gamma)
+    assert build.resolved(TrainConfig().replace(algorithm="single", workers=8)).algorithm.workers == 1
+    assert math.isinf(build.resolved(TrainConfig().replace(algorithm="local-sgd")).local.gamma)
     with pytest.raises(ConfigError, match="Invalid participants: 9"):
-        TrainConfig().replace(workers=8, participants=9).resolved()
+        build.resolved(TrainConfig().replace(workers=8, participants=9))
 
 
 def test_unknown_recipe_lists_recipes():

@@ -47,7 +47,7 @@ def test_every_committed_flat_config_loads_and_round_trips(path):
 
 
 def test_config_json_is_written_in_sections():
-    written = json.loads(run_config_json(get_recipe("ptb-small").resolved()))
+    written = json.loads(run_config_json(algorithms.resolved(get_recipe("ptb-small"))))
     assert set(written) == {*SECTIONS, "provenance"}
     assert written["round"]["period"] == 8 and written["algorithm"]["name"] == "celgc" and written["local"]["gamma"] == 5.0
 
@@ -107,7 +107,7 @@ def test_rules_across_sections_are_the_builders():
     algorithms.check(config, lambda name, why: found.append((name, why)))
     assert found == [("participants", "must be in [1, workers=4]")]
     with pytest.raises(ConfigError, match=r"Invalid participants: 5 \(must be in \[1, workers=4\]\)"):
-        config.validate()
+        algorithms.validate(config)
 
 
 def test_replace_takes_flat_names_and_sections():
@@ -116,7 +116,7 @@ def test_replace_takes_flat_names_and_sections():
     assert TrainConfig().replace(round=RoundConfig(period=5)).round.period == 5
     with pytest.raises(ConfigError, match="Unknown config key: 'nope'"):
         TrainConfig().replace(nope=1)
-    assert math.isinf(TrainConfig().replace(algorithm="local-sgd").resolved().local.gamma)
+    assert math.isinf(algorithms.resolved(TrainConfig().replace(algorithm="local-sgd")).local.gamma)
 
 
 def _flat_run(tmp_path, config):
@@ -128,7 +128,7 @@ def _flat_run(tmp_path, config):
 
 
 def test_a_resume_compares_a_flat_run_with_the_sectioned_config(tmp_path):
-    config = get_recipe("ptb-small").resolved()
+    config = algorithms.resolved(get_recipe("ptb-small"))
     folder = _flat_run(tmp_path, config)
     run = RunFolder(folder)
     try:

@@ -11,6 +11,7 @@ from localclip.errors import ConfigError
 from localclip.recipes import get_recipe
 from localclip.train import capacity, run_training, trainer
 from localclip.train.config import flat_view
+from localclip.algorithms import build
 from helpers import CUSTOM, SHARED, SMOKE_DATA
 
 SMOKE = [*SMOKE_DATA, "--no-progress", "--set", "eval_tokens=500", "--set", "loggers=[]"]
@@ -61,7 +62,7 @@ def test_the_refusal_names_the_estimate_and_the_limit_and_idle_non_participants_
 ])
 def test_idle_non_participants_refuse_what_would_give_a_worker_state_of_its_own(changes, needle):
     with pytest.raises(ConfigError, match="non_participants") as refused:
-        smoke_config(non_participants="idle", **changes).validate()
+        build.validate(smoke_config(non_participants="idle", **changes))
     assert needle in str(refused.value)
 
 

@@ -40,8 +40,10 @@ class DistributedAlgorithm(torch.optim.Optimizer):
             raise ValueError(f"Invalid module: {type(module).__name__} has no trainable parameters")
         self._setup(module, ClippedSGD(params, **optimizer_options), period, group, averager_options)
 
-    # Naive parallel clipping averages gradients every step: its averager's period is always 1.
-    _fixed_period: int | None = None
+    #: The communication period an algorithm always runs with, whatever period it is given
+    #: (naive parallel clipping's 1: it averages gradients every step); None: the one given.
+    #: The builder's table (:data:`localclip.algorithms.build.ALGORITHMS`) reads it from here.
+    fixed_period: int | None = None
 
     def _setup(self, module: nn.Module, optimizer: torch.optim.Optimizer, period: int, group, averager_options: dict) -> None:
         """Everything both constructors share; subclasses add their own state after it.
@@ -50,7 +52,7 @@ class DistributedAlgorithm(torch.optim.Optimizer):
         Parameter objects, so it follows.
         """
         self.comm = group if group is not None else current()
-        self.averager = PeriodicAverager(module, self._fixed_period or period, group=self.comm, optimizer=optimizer, **averager_options)
+        self.averager = PeriodicAverager(module, period if self.fixed_period is None else self.fixed_period, group=self.comm, optimizer=optimizer, **averager_options)
         self._init_facade(optimizer)
 
     @classmethod

@@ -21,11 +21,12 @@ across a config's sections (each section checks its own values: :mod:`localclip.
 it refuses the combinations that would mean nothing (each message names both fields), and :func:`resolve`
 writes into a config the values its algorithm fixes (``naive``: period 1; ``single``: one
 worker; ``local-sgd``: no clipping), so that ``config.json`` and the summary say what ran.
-:func:`resolved` does both, once for each run (the CLI, :func:`localclip.train.run_training`):
-the builder reads a config, and the library's ways into a run call it rather than the config's
-shorthands (:meth:`~localclip.train.config.TrainConfig.resolved`, ``validate``). Every value goes
-down from the resolved config to where it acts: the trainer reads the period there, not from
-the algorithm built with it.
+:func:`resolved` does both, once for each run (the CLI, :func:`localclip.train.run_training`,
+a sweep's run): the builder reads a config, and a config never calls the builder. Every value
+goes down from the resolved config to where it acts: the trainer reads the period there, not
+from the algorithm built with it, and hands the outer optimizer it builds (:func:`outer_optimizer`)
+to both the algorithm and the step decay. The values an algorithm fixes are its own where it
+has a class attribute for them (naive's period: ``NaiveParallelClipping.fixed_period``).
 Everything else that asks about an algorithm by name (the trainer, the sweeps, the report, the
 runner, the Accelerate integration) asks :data:`ALGORITHMS`.
 """
@@ -76,6 +77,10 @@ class AlgorithmSpec:
     fixed: dict = field(default_factory=dict)
     clip_modes: tuple = ("local",)
 
+    def workers(self, workers: int) -> int:
+        """Workers a run trains when its config asks for ``workers`` (``single``: one)."""
+        return self.fixed["workers"][0] if "workers" in self.fixed else workers
+
     def period(self, workers: int, period: int) -> int | None:
         """Local steps between two communications of a run of ``workers`` workers whose config
         asks for ``period``; None: it never communicates (one worker)."""
@@ -91,7 +96,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         AlgorithmSpec("celgc", CELGC, "clipped local steps, models averaged every period (CELGC)", True, clip_modes=CLIP_MODES),
         AlgorithmSpec(
             "naive", NaiveParallelClipping, "gradients averaged every step, then clipped", False,
-            fixed={"period": (1, "naive parallel clipping communicates every step")},
+            fixed={"period": (NaiveParallelClipping.fixed_period, "naive parallel clipping communicates every step")},
         ),
         AlgorithmSpec(
             "local-sgd", CELGC, "local steps without clipping, models averaged every period", True,
@@ -313,7 +318,8 @@ def _check_streaming(config, bad) -> None:
 
 
 def communication_period(config) -> int | None:
-    """Local steps between two communications of a run with ``config`` (None: never)."""
+    """Local steps between two communications of a run with ``config`` (None: never); the same
+    for ``config`` and for ``config`` resolved."""
     return spec(config.algorithm.name).period(config.algorithm.workers, config.round.period)
 
 
@@ -363,14 +369,18 @@ def compose(algorithm: str, model: nn.Module, optimizer: torch.optim.Optimizer, 
     return spec(algorithm).cls.from_optimizer(model, optimizer, period, group=group, **round_options)
 
 
-def build_algorithm(config, model: nn.Module, comm) -> DistributedAlgorithm:
-    """The algorithm a (resolved) config describes, over ``model``, talking through ``comm``."""
+def build_algorithm(config, model: nn.Module, comm, *, outer: OuterSGD | None = None) -> DistributedAlgorithm:
+    """The algorithm a (resolved) config describes, over ``model``, talking through ``comm``.
+
+    ``outer``: the round's outer optimizer, when the caller built it from ``config`` with
+    :func:`outer_optimizer` to hold it too (the trainer decays its lr with the inner one:
+    ``outer_lr_decay``); None: built here, as ``config`` says."""
     s = spec(config.algorithm.name)
     options = dict(average_buffers=config.round.average_buffers, optimizer_state=config.round.optimizer_state,
                    skip_nonfinite=config.run.on_nonfinite == "skip")
     if s.averages_models:
         options.update(participants=config.round.participants, participation_seed=config.run.seed,
-                       outer_optimizer=outer_optimizer(config), compression=config.round.compression)
+                       outer_optimizer=outer_optimizer(config) if outer is None else outer, compression=config.round.compression)
         if config.round.warmup_steps:
             options.update(warmup_steps=config.round.warmup_steps)
         if config.round.compression in LOWBIT:

@@ -25,7 +25,7 @@ class NaiveParallelClipping(DistributedAlgorithm):
     epoch) averages those, and is no round at all for a model without them.
     """
 
-    _fixed_period = 1
+    fixed_period = 1
 
     def __init__(
         self,
@@ -42,10 +42,10 @@ class NaiveParallelClipping(DistributedAlgorithm):
         group: Communicator | None = None,
         **averager_options,
     ):
-        # Period 1, but the averager only serves the initial broadcast and the explicit
+        # Its fixed period, but the averager only serves the initial broadcast and the explicit
         # end-of-epoch average(): step() never calls it.
         self._compose(
-            module, 1, group, averager_options, lr=lr, gamma=gamma, momentum=momentum, dampening=dampening,
+            module, self.fixed_period, group, averager_options, lr=lr, gamma=gamma, momentum=momentum, dampening=dampening,
             weight_decay=weight_decay, nesterov=nesterov, clip_mode="local", foreach=foreach, fused=fused,
         )
 

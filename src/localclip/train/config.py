@@ -6,9 +6,11 @@ one; the CLI maps its flags onto sections (:mod:`localclip.train.flags`) and app
 KEY=VALUE`` overrides; the resolved config is written to the run's ``config.json`` in sections.
 
 A config is data: each section checks its own values (:meth:`TrainConfig.validate_sections`).
-The values an algorithm fixes and the rules across sections are the builder's
-(:func:`localclip.algorithms.build.resolved`), which reads a config; :meth:`TrainConfig.resolved`
-and :meth:`TrainConfig.validate` are shorthands for it, for code that holds only a config.
+The values an algorithm fixes and the rules across sections are the builder's: whoever needs a
+config as it will run calls :func:`localclip.algorithms.build.resolved` with it (the builder reads
+configs; no module of the config imports it). :meth:`TrainConfig.resolved` and
+:meth:`TrainConfig.validate` are deprecated aliases of the builder's functions for library users,
+importing it only when called.
 
 Users name a field by its flat name (``period``, ``compression``: :data:`FLAT_NAMES`) or as
 ``section.field`` (``round.period``). The runs committed under ``results/`` hold flat
@@ -21,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+import warnings
 from dataclasses import dataclass, field
 
 from localclip.errors import ConfigError
@@ -59,18 +62,18 @@ class TrainConfig:
         return self
 
     def validate(self) -> "TrainConfig":
-        """Check each section's values, then the rules across sections; return ``self``.
-        Shorthand for :func:`localclip.algorithms.build.validate`, which holds those rules."""
-        from localclip.algorithms import build
+        """Deprecated: call :func:`localclip.algorithms.build.validate` (``build.validate(config)``),
+        which holds the rules across sections; :meth:`validate_sections` is the config's own check."""
+        warnings.warn("TrainConfig.validate() is deprecated: use localclip.algorithms.build.validate(config)", DeprecationWarning, stacklevel=2)
+        from localclip.algorithms import build  # the builder reads configs; a config never needs it
 
         return build.validate(self)
 
     def resolved(self) -> "TrainConfig":
-        """The config as it will run, with the values its algorithm fixes written in
-        (``single``: one worker; ``naive``: period 1; ``local-sgd``: γ = ∞ and no AdamW
-        clipping), validated. Shorthand for :func:`localclip.algorithms.build.resolved`,
-        which the library's own ways into a run call."""
-        from localclip.algorithms import build
+        """Deprecated: call :func:`localclip.algorithms.build.resolved` (``build.resolved(config)``),
+        which writes in the values the config's algorithm fixes and checks the result."""
+        warnings.warn("TrainConfig.resolved() is deprecated: use localclip.algorithms.build.resolved(config)", DeprecationWarning, stacklevel=2)
+        from localclip.algorithms import build  # the builder reads configs; a config never needs it
 
         return build.resolved(self)
 

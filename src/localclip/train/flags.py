@@ -1,7 +1,7 @@
 """From ``localclip train``'s flags to a config: the one table of which flag sets which section's field.
 
 :data:`FLAGS` maps each flag (its argparse ``dest``) to the ``section.field`` it sets;
-:func:`requested` applies them to the recipe, then ``--set KEY=VALUE``
+:func:`requested` applies them to the recipe's config it is handed, then ``--set KEY=VALUE``
 (:func:`localclip.train.config.apply_overrides`), and says which fields the user set. What that
 asks for is resolved by the builder (:func:`localclip.algorithms.build.resolved`), which the
 CLI calls with it: a value is checked by its section (:mod:`localclip.train.sections`), and with
@@ -65,15 +65,13 @@ def flag_changes(config: TrainConfig, args) -> dict:
     return changes
 
 
-def requested(args) -> tuple[TrainConfig, set[str]]:
-    """What ``localclip train``'s parsed ``args`` ask for, before anything is resolved: the
-    recipe with the flags and ``--set`` applied, and the fields the user set (flat names), as
-    against the recipe's own values. The CLI hands both to the builder
-    (:func:`localclip.algorithms.build.resolved`)."""
-    from localclip.recipes import get_recipe
-
-    config = get_recipe(args.recipe)
-    changes = flag_changes(config, args)
-    config = apply_overrides(config.replace(**changes), args.overrides)
+def requested(recipe: TrainConfig, args) -> tuple[TrainConfig, set[str]]:
+    """What ``localclip train``'s parsed ``args`` ask for of ``recipe`` (the config of the recipe
+    they name, which the CLI looks up: recipes are built on the config, not the other way round),
+    before anything is resolved: the recipe with the flags and ``--set`` applied, and the fields
+    the user set (flat names), as against the recipe's own values. The CLI hands both to the
+    builder (:func:`localclip.algorithms.build.resolved`)."""
+    changes = flag_changes(recipe, args)
+    config = apply_overrides(recipe.replace(**changes), args.overrides)
     explicit = set(changes) | {override_name(item.partition("=")[0].strip()) or item.partition("=")[0].strip() for item in args.overrides}
     return config, explicit

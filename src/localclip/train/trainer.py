@@ -36,7 +36,7 @@ import torch
 from localclip import rng
 from localclip import devices, interrupt
 from localclip.algorithms import build_algorithm
-from localclip.algorithms.build import streaming_rounds
+from localclip.algorithms.build import outer_optimizer, streaming_rounds
 from localclip.comm import current
 from localclip.errors import CommunicationError, ConfigError, Interrupted, NonFiniteError
 from localclip.provenance import code_version
@@ -93,7 +93,10 @@ class Trainer:
         self.workload.eval_comm = self.control
         self.model = self.workload.model
         self.model.train()
-        self.algorithm = build_algorithm(config, self.model, self.comm)
+        # The round's outer optimizer is built from the config here and handed down both to the
+        # algorithm and, with outer_lr_decay, to the step decay (never read back from the algorithm).
+        outer = outer_optimizer(config)
+        self.algorithm = build_algorithm(config, self.model, self.comm, outer=outer)
         # The worker's own stream for everything random in its steps (dropout masks): seeded
         # from (seed, rank) alone, so no runtime or thread interleaving can change a draw.
         self.generator = rng.worker_generator(config.run.seed, self.rank, device=self.device)
@@ -107,8 +110,8 @@ class Trainer:
         self._state_diverged = False
         self._bar = None  # the progress bar (rank 0, with progress on)
         # Owners of what the loop only calls: the step decay and the NT-ASGD-like average.
-        outer = self.algorithm.averager.outer if config.round.outer_lr_decay else None
-        self.step_size = StepDecay(self.algorithm, config.local.lr, config.local.gamma, config.schedule.lr_decay_epochs, config.schedule.lr_decay, outer=outer)
+        self.step_size = StepDecay(self.algorithm, config.local.lr, config.local.gamma, config.schedule.lr_decay_epochs, config.schedule.lr_decay,
+                                   outer=outer if config.round.outer_lr_decay else None)
         self.epoch_average = EpochAverage(self.model, config.evaluation.asgd_patience)
         # Streaming rounds leave the workers at different models inside an epoch: what an
         # evaluation there scores is their mean, made for it alone.
