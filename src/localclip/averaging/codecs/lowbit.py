@@ -21,7 +21,10 @@ once by its sender and once by its shard's owner, and both errors are fed back
 
 Transport. Each chunk travels in pieces of at most :data:`PIECE_BYTES` per peer, each piece a
 run of whole blocks, their codes followed by their scales (the weight, if any, goes first, in the
-first piece), so that a piece can be decoded as soon as it lands. Over gloo on a shaped
+first piece), so that a piece can be decoded as soon as it lands. The send, receive and
+gathered buffers are laid out piece after piece (:func:`_piece`), so that each piece's
+collective sends from and receives into one run of memory, which the gloo communicator uses
+as it is, with no copy. Over gloo on a shaped
 100 Mbit/s link one all-to-all of 12.3 MB each way took 1.9-2.1 s (twice the wire time) and 32
 pieces in flight together 1.04 s. The round is pipelined piece by piece, so that it costs about
 the larger of the codec's work and the wire time rather than their sum: :func:`start_lowbit_average`
