@@ -338,3 +338,22 @@ def wrapped_models_refused():
     ddp = torch.nn.parallel.DistributedDataParallel(tiny_model())
     errors.append(CELGC(ddp.module, lr=0.5, gamma=0.05, period=4).averager.period)
     return errors
+
+
+def collectives_in_one_buffer():
+    """all_to_all and all_gather over rows of one buffer (each row beginning where the one before
+    ends) and over separate tensors of the same values: both results, and whether the buffer's
+    own rows hold them (received in place, not into a copy)."""
+    comm = current()
+    world, rank = comm.world_size, comm.rank
+    send = (torch.arange(world * 5, dtype=torch.uint8) + 40 * rank).view(world, 5)
+    recv = torch.zeros(world * 5, dtype=torch.uint8)
+    rows = recv.view(world, 5)
+    comm.start_all_to_all(list(send.unbind(0)), list(rows.unbind(0))).wait()
+    apart = [torch.zeros(5, dtype=torch.uint8) for _ in range(world)]
+    comm.all_to_all([t.clone() for t in send.unbind(0)], apart)
+    gathered = torch.zeros(world * 3, dtype=torch.float32)
+    comm.start_all_gather(torch.full((3,), rank + 0.5), list(gathered.view(world, 3).unbind(0))).wait()
+    gathered_apart = [torch.zeros(3) for _ in range(world)]
+    comm.all_gather(torch.full((3,), rank + 0.5), gathered_apart)
+    return {"recv": recv, "apart": torch.cat(apart), "gathered": gathered, "gathered_apart": torch.cat(gathered_apart)}

@@ -249,10 +249,16 @@ class ProcessGroupCommunicator(Communicator):
 
     def _start_all_to_all(self, send, recv, what):
         self._settle()
-        # gloo's list all_to_all wants equal sizes: one all_to_all_single over concatenations.
-        flat_send = torch.cat([t.reshape(-1) for t in send])
+        # gloo's list all_to_all wants equal sizes: one all_to_all_single over the concatenations,
+        # which are views (no copy) where the tensors lie one after the other in one buffer.
+        flat_send = _joined(send)
+        if flat_send is None:
+            flat_send = torch.cat([t.reshape(-1) for t in send])
         out_splits = [t.numel() for t in recv]
-        flat_recv = torch.empty(sum(out_splits), dtype=flat_send.dtype, device=flat_send.device)
+        flat_recv = _joined(recv)
+        direct = flat_recv is not None
+        if not direct:
+            flat_recv = torch.empty(sum(out_splits), dtype=flat_send.dtype, device=flat_send.device)
         try:
             work = dist.all_to_all_single(
                 flat_recv, flat_send, output_split_sizes=out_splits, input_split_sizes=[t.numel() for t in send],
@@ -263,24 +269,30 @@ class ProcessGroupCommunicator(Communicator):
 
         def wait():
             self._wait([work], what)
-            for t, piece in zip(recv, flat_recv.split(out_splits)):
-                t.copy_(piece.view(t.shape))
+            if not direct:
+                for t, piece in zip(recv, flat_recv.split(out_splits)):
+                    t.copy_(piece.view(t.shape))
 
         return Pending(self, what, wait=wait, poll=work.is_completed)
 
     def _start_all_gather(self, tensor, out, what):
         self._settle()
+        flat_out = _joined(out)
         targets = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format) for o in out]
         try:
-            work = dist.all_gather(targets, tensor.contiguous(), group=self.group, async_op=True)
+            if flat_out is not None:  # the outputs lie one after the other: gathered straight into them
+                work = _all_gather(flat_out, tensor.contiguous().view(-1), group=self.group, async_op=True)
+            else:
+                work = dist.all_gather(targets, tensor.contiguous(), group=self.group, async_op=True)
         except RuntimeError as exc:
             raise CommunicationError(f"rank {self.rank}: {what} failed: {exc}") from exc
 
         def wait():
             self._wait([work], what)
-            for o, t in zip(out, targets):
-                if t is not o:
-                    o.copy_(t)
+            if flat_out is None:
+                for o, t in zip(out, targets):
+                    if t is not o:
+                        o.copy_(t)
 
         return Pending(self, what, wait=wait, poll=work.is_completed)
 
@@ -358,3 +370,18 @@ class _RankOrderedSum:
                 t.copy_(send[: t.numel()].view_as(t))
             if then is not None:
                 then(t)
+
+
+def _joined(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One flat view over ``tensors`` (no copy) when each is contiguous and each begins where the
+    one before ends, in one buffer (a caller that lays out a collective's pieces so: the low-bit
+    reduction); else None."""
+    first = tensors[0]
+    storage, start = first.untyped_storage(), first.storage_offset()
+    at = start
+    for t in tensors:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.untyped_storage().data_ptr() != storage.data_ptr()
+                or t.storage_offset() != at):
+            return None
+        at += t.numel()
+    return first.new_empty(0).set_(storage, start, (at - start,))

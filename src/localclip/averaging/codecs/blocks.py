@@ -118,11 +118,14 @@ def _at_least(scratch: Scratch | None, name: str, numel: int, dtype: torch.dtype
     return t[:numel]
 
 
-# Elements per thread in a piece of the codec's passes: 256 Ki float32 (1 MiB), so that the
+# Elements per thread in a piece of the codec's passes: 512 Ki float32 (2 MiB), so that the
 # passes over a piece (absmax, quotient, rounding, codes, decoding, residual) run in cache and
-# each element crosses the memory bus once each way; large enough that the per-operation cost
-# of the few small passes stays a few percent.
-PIECE_NUMEL = 1 << 18
+# each element crosses the memory bus once each way, and the thirty-odd torch calls a piece
+# makes (about 4 us each) stay a few percent of its work: on one thread (AMD EPYC, AVX2)
+# 24.2 M elements took 51 ms to encode with error feedback and 22 ms to decode in pieces of
+# 256 Ki, 46.5 ms and 19 ms in pieces of 512 Ki, and no less in pieces of 1 Mi (int4; int8
+# alike; docs/benchmarks.md, "Where a low-bit round's CPU time goes").
+PIECE_NUMEL = 1 << 19
 
 
 def _piece_blocks(block: int) -> int:
