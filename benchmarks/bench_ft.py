@@ -24,6 +24,15 @@ that the lighthouse does not wait for it.
 
     PYTHONPATH=src python benchmarks/bench_ft.py                        # loopback
     sudo PYTHONPATH=src python benchmarks/bench_ft.py --link 1gbit      # and over a 1 Gbit/s link
+    sudo PYTHONPATH=src python benchmarks/bench_ft.py --quick --link 1gbit   # 2 rounds, 1 heal (a few minutes)
+    PYTHONPATH=src python benchmarks/bench_ft.py --phases --repeats 3 --heals 0   # where a round's time goes
+
+``--phases`` times the plain and the fault-tolerant round phase by phase instead of the tables
+(:class:`Phases`): the quorum (``start_quorum``: the RPC to the lighthouse through the replica's
+torchft manager, and torchft's process group reconfigured when the quorum changed), the copy
+that undoes a failed round, the all-reduce's transport, the work on the sums, the commit
+(``should_commit``) and the rest, each in wall time and in the process's CPU time (every
+thread's: on a loaded machine the CPU time is the one to read).
 
 With ``--link RATE`` the two workers run in two network namespaces joined by a veth pair shaped
 to RATE (bench_averaging's ``ShapedLink``: root, ``ip`` and ``tc``), after the loopback table
@@ -300,6 +309,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=6, help="timed rounds per variant (default 6)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     ap.add_argument("--heals", type=int, default=3, help="timed sends and heals (default 3)")
+    ap.add_argument("--quick", action="store_true", help="--repeats 2 --heals 1: the ratios in a few minutes")
     ap.add_argument("--link", nargs="+", metavar="RATE", help="also over a veth link shaped to each RATE (e.g. 1gbit; root)")
     ap.add_argument("--no-loopback", action="store_true", help="only the --link tables")
     ap.add_argument("--phases", action="store_true",
@@ -307,6 +317,8 @@ def main(argv=None):
     for hidden in ("--_rank", "--_store", "--_result", "--_host", "--_peer"):  # a worker process
         ap.add_argument(hidden, type=int if hidden == "--_rank" else str, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.heals = 2, 1
     if args._rank is not None:
         res = worker(args._rank, args._store, args._host, args._peer, args.repeats, args.warmup, args.heals, args.phases)
         if res is not None:
