@@ -24,6 +24,15 @@ that the lighthouse does not wait for it.
 
     PYTHONPATH=src python benchmarks/bench_ft.py                        # loopback
     sudo PYTHONPATH=src python benchmarks/bench_ft.py --link 1gbit      # and over a 1 Gbit/s link
+    sudo PYTHONPATH=src python benchmarks/bench_ft.py --quick --link 1gbit   # 2 rounds, 1 heal (a few minutes)
+    PYTHONPATH=src python benchmarks/bench_ft.py --phases --repeats 3 --heals 0   # where a round's time goes
+
+``--phases`` times the plain and the fault-tolerant round phase by phase instead of the tables
+(:class:`Phases`): the quorum (``start_quorum``: the RPC to the lighthouse through the replica's
+torchft manager, and torchft's process group reconfigured when the quorum changed), the copy
+that undoes a failed round, the all-reduce's transport, the work on the sums, the commit
+(``should_commit``) and the rest, each in wall time and in the process's CPU time (every
+thread's: on a loaded machine the CPU time is the one to read).
 
 With ``--link RATE`` the two workers run in two network namespaces joined by a veth pair shaped
 to RATE (bench_averaging's ``ShapedLink``: root, ``ip`` and ``tc``), after the loopback table
@@ -60,6 +69,71 @@ HEAL = "(h) a restarted worker's join round (heal)"
 HEARTBEAT = 1.0  # the lighthouse's heartbeat timeout, seconds
 
 
+class Phases:
+    """Where a round's time goes: wrappers around the calls a round makes, each adding its wall
+    time (``time.perf_counter``) and this process's CPU time (``time.process_time``: every
+    thread's, gloo's and torchft's own threads included) to the round's phase. The round's
+    total less its phases is ``rest`` (scaling and checking what is sent, bookkeeping)."""
+
+    def __init__(self):
+        self.now: dict[str, list[float]] = {}
+
+    def add(self, phase: str, wall: float, cpu: float) -> None:
+        w, c = self.now.get(phase, (0.0, 0.0))
+        self.now[phase] = (w + wall, c + cpu)
+
+    def timed(self, phase: str, fn):
+        def wrapper(*args, **kwargs):
+            w0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(phase, time.perf_counter() - w0, time.process_time() - c0)
+        return wrapper
+
+    def wrap_all_reduce(self, comm) -> None:
+        """``comm``'s all-reduce as two phases: the transport, and the work on each arrived sum
+        (the ``then`` callbacks: rescaling, the new anchor)."""
+        inner = comm._all_reduce
+
+        def all_reduce(tensors, op, then):
+            finish = self.timed("finish (work on the sums)", then) if then is not None else None
+            w0, c0 = time.perf_counter(), time.process_time()
+            before = self.now.get("finish (work on the sums)", (0.0, 0.0))
+            try:
+                return inner(tensors, op, finish)
+            finally:
+                after = self.now.get("finish (work on the sums)", (0.0, 0.0))
+                self.add("all-reduce (transport)", time.perf_counter() - w0 - (after[0] - before[0]),
+                         time.process_time() - c0 - (after[1] - before[1]))
+        comm._all_reduce = all_reduce
+
+    def run(self, ops: dict, repeats: int, warmup: int) -> dict:
+        """Each op ``repeats`` times after ``warmup`` (interleaved, each after a barrier); per op
+        and phase, the per-round (wall, cpu) lists of this rank."""
+        import torch.distributed as dist
+
+        names = list(ops)
+        out = {k: {} for k in names}
+        for r in range(warmup + repeats):
+            for k in names[r % len(names):] + names[: r % len(names)]:
+                dist.barrier()
+                self.now = {}
+                w0, c0 = time.perf_counter(), time.process_time()
+                ops[k]()
+                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+                if r < warmup:
+                    continue
+                phases = dict(self.now)
+                phases["rest"] = (wall - sum(w for w, _ in phases.values()), cpu - sum(c for _, c in phases.values()))
+                phases["total"] = (wall, cpu)
+                for phase, (w, c) in phases.items():
+                    out[k].setdefault(phase, ([], []))
+                    out[k][phase][0].append(w)
+                    out[k][phase][1].append(c)
+        return out
+
+
 def _membership(rank, lighthouse, host, model):
     from localclip import PeriodicAverager
     from localclip.comm.ft import FaultTolerantMembership
@@ -76,7 +150,34 @@ def _membership(rank, lighthouse, host, model):
     return membership, averager
 
 
-def worker(rank: int, store: str, host: str, peer_host: str, repeats: int, warmup: int, heals: int) -> dict | None:
+def _phases(rank, ops, plain, membership, fault_tolerant, repeats, warmup) -> dict | None:
+    """The plain and the fault-tolerant round, phase by phase (see :class:`Phases`): per op and
+    phase, per round the slowest rank's wall and CPU time."""
+    import torch.distributed as dist
+
+    timer = Phases()
+    manager = membership.manager
+    manager.start_quorum = timer.timed("quorum (start_quorum)", manager.start_quorum)
+    manager.should_commit = timer.timed("commit (should_commit)", manager.should_commit)
+    fault_tolerant._pre_round_state = timer.timed("pre-round copy", fault_tolerant._pre_round_state)
+    timer.wrap_all_reduce(membership.communicator)
+    timer.wrap_all_reduce(plain.comm)
+    res = timer.run({k: ops[k] for k in (PLAIN, FT)}, repeats, warmup)
+    out = {}
+    for op in res:
+        out[op] = {}
+        for phase in sorted(res[op]):
+            walls, cpus = (torch.tensor(v, dtype=torch.float64) for v in res[op][phase])
+            dist.all_reduce(walls, op=dist.ReduceOp.MAX)
+            dist.all_reduce(cpus, op=dist.ReduceOp.MAX)
+            out[op][phase] = (walls.tolist(), cpus.tolist())
+    membership.shutdown()
+    dist.barrier()
+    return {"phases": out, "numel": plain.flat_buffers[0].numel(), "threads": torch.get_num_threads()} if rank == 0 else None
+
+
+def worker(rank: int, store: str, host: str, peer_host: str, repeats: int, warmup: int, heals: int,
+           phases: bool = False) -> dict | None:
     import torch.distributed as dist
 
     from localclip import PeriodicAverager
@@ -104,6 +205,8 @@ def worker(rank: int, store: str, host: str, peer_host: str, repeats: int, warmu
         membership.join(fault_tolerant)  # a fresh run's first round: nothing sent
         ops = {BASELINE: lambda: dist.all_reduce(flat), PLAIN: functools.partial(plain.average, force=True),
                FT: functools.partial(fault_tolerant.average, force=True)}
+        if phases:
+            return _phases(rank, ops, plain, membership, fault_tolerant, repeats, warmup)
         times = _slowest(_interleave(ops, repeats, warmup))
         sends, joins = [], []
         for _ in range(heals):
@@ -148,7 +251,7 @@ def _run_pair(args, link: ShapedLink | None) -> dict:
         for rank in range(2):
             argv = [sys.executable, os.path.abspath(__file__), "--_rank", str(rank), "--_store", store, "--_result", out,
                     "--_host", hosts[rank], "--_peer", hosts[1 - rank], "--repeats", str(args.repeats),
-                    "--warmup", str(args.warmup), "--heals", str(args.heals)]
+                    "--warmup", str(args.warmup), "--heals", str(args.heals)] + (["--phases"] if args.phases else [])
             cmd, env = link.command(rank, argv) if link is not None else (argv, dict(os.environ))
             procs.append(subprocess.Popen(cmd, env=env))
         try:
@@ -164,12 +267,35 @@ def _run_pair(args, link: ShapedLink | None) -> dict:
             return json.load(f)
 
 
+def _print_phases(res: dict) -> None:
+    print("\n1. One round, phase by phase (median over rounds of the slowest rank's time; "
+          "CPU: the process's, every thread's)")
+    ops = list(res["phases"])
+    print(f"{'':<34}" + "".join(f"{'wall ms ' + op[:4]:>16}{'CPU ms ' + op[:4]:>16}" for op in ops))
+    phases = sorted({ph for op in ops for ph in res["phases"][op]}, key=lambda ph: (ph == "total", ph == "rest", ph))
+    for ph in phases:
+        cells = ""
+        for op in ops:
+            if ph in res["phases"][op]:
+                walls, cpus = res["phases"][op][ph]
+                cells += f"{1e3 * statistics.median(walls):>16.1f}{1e3 * statistics.median(cpus):>16.1f}"
+            else:
+                cells += f"{'-':>16}{'-':>16}"
+        print(f"{ph:<34}{cells}")
+    tot = {op: res["phases"][op]["total"] for op in ops}
+    if len(ops) == 2:
+        print(f"   {ops[1][:4]} / {ops[0][:4]}: wall {statistics.median(tot[ops[1]][0]) / statistics.median(tot[ops[0]][0]):.2f}x, "
+              f"CPU {statistics.median(tot[ops[1]][1]) / statistics.median(tot[ops[0]][1]):.2f}x")
+
+
 def _print(res: dict, title: str, elapsed: float, repeats: int, link: ShapedLink | None) -> None:
     numel = res["numel"]
     print(f"\n=== {title} ({res['threads']} torch thread/worker): {numel:,} float32 per round "
           f"({4 * numel / 2**20:.1f} MiB); {repeats} rounds interleaved; slowest rank per round; {elapsed:.0f}s ===")
     if link is not None:
         print(f"   link {link.rate}: the model once at the link's rate: {4 * numel * 8 / link.bits * 1e3:.0f} ms")
+    if "phases" in res:
+        return _print_phases(res)
     _table("1. One round (ratio = median / median of (ii), the plain round; paired = median of per-round ratios)",
            res["times"], base=PLAIN)
     times = res["times"]
@@ -183,13 +309,18 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=6, help="timed rounds per variant (default 6)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     ap.add_argument("--heals", type=int, default=3, help="timed sends and heals (default 3)")
+    ap.add_argument("--quick", action="store_true", help="--repeats 2 --heals 1: the ratios in a few minutes")
     ap.add_argument("--link", nargs="+", metavar="RATE", help="also over a veth link shaped to each RATE (e.g. 1gbit; root)")
     ap.add_argument("--no-loopback", action="store_true", help="only the --link tables")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead of the tables: the plain and the fault-tolerant round phase by phase, wall and CPU time")
     for hidden in ("--_rank", "--_store", "--_result", "--_host", "--_peer"):  # a worker process
         ap.add_argument(hidden, type=int if hidden == "--_rank" else str, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.heals = 2, 1
     if args._rank is not None:
-        res = worker(args._rank, args._store, args._host, args._peer, args.repeats, args.warmup, args.heals)
+        res = worker(args._rank, args._store, args._host, args._peer, args.repeats, args.warmup, args.heals, args.phases)
         if res is not None:
             with open(args._result, "w") as f:
                 json.dump(res, f)

@@ -29,21 +29,35 @@ LIMIT = 900  # seconds a worker may take to get somewhere: a loaded machine take
 
 @pytest.fixture
 def run(tmp_path):
-    lighthouse = ft.start_lighthouse(min_replicas=2, join_timeout=2.0, heartbeat_timeout=2.0)
+    # A join timeout far above any stall of a live worker on a loaded machine: a quorum leaves
+    # out only a worker that is gone (its heartbeats stopped for 2 s), never a slow one.
+    lighthouse = ft.start_lighthouse(min_replicas=2, join_timeout=600.0, heartbeat_timeout=2.0)
     started: list[subprocess.Popen] = []
 
-    def start(rank, *, steps, sleep, address=None, timeout=30.0, hold_at=0, die_in_round=0):
+    def start(rank, *, steps, sleep, address=None, timeout=30.0, hold_at=0, die_in_round=0, start_gate=None):
         with open(tmp_path / f"stderr{rank}-{len(started)}.txt", "w") as err:
             proc = subprocess.Popen(
                 [sys.executable, str(WORKER), "--rank", str(rank), "--world", "3", "--lighthouse", address or lighthouse.address(),
                  "--out", str(tmp_path), "--steps", str(steps), "--sleep", str(sleep), "--timeout", str(timeout),
-                 "--hold-at", str(hold_at), "--gate", str(tmp_path / "gate"), "--die-in-round", str(die_in_round)],
+                 "--hold-at", str(hold_at), "--gate", str(tmp_path / "gate"), "--die-in-round", str(die_in_round),
+                 "--start-gate", str(start_gate or "")],
                 env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.DEVNULL, stderr=err,
             )
         started.append(proc)
         return proc
 
-    start.out = tmp_path
+    def together(*, steps, sleep, **per_rank):
+        """All three workers, asking for their first quorum only once every one of them is up
+        (a loaded machine may take minutes to start one), so that the first quorum holds all
+        three. ``per_rank``: an option's value for each rank (a list of three)."""
+        gate = tmp_path / "start-gate"
+        procs = [start(r, steps=steps, sleep=sleep, start_gate=gate, **{k: v[r] for k, v in per_rank.items()}) for r in range(3)]
+        _wait(lambda: all(any("started" in x for x in _records(tmp_path, r)) or procs[r].poll() is not None for r in range(3)),
+              "every worker to start")
+        gate.touch()
+        return procs
+
+    start.out, start.together = tmp_path, together
     yield start
     for proc in started:  # only what this test started, by pid
         if proc.poll() is None:
@@ -86,7 +100,9 @@ def _finish(proc):
 
 def test_kill_one_of_three_mid_period_the_others_finish_identical(run):
     steps = 40
-    run.procs = [run(r, steps=steps, sleep=0.1) for r in range(3)]
+    # Worker 2 stops before its step 11 (its gate never opens): it is killed between its steps
+    # 10 and 11 however late this test sees its step 10, never after it reached round 12.
+    run.procs = run.together(steps=steps, sleep=0.1, hold_at=[0, 0, 11])
     _kill_mid_period(run, 2, 10)
     for r in (0, 1):
         _finish(run.procs[r])
@@ -112,7 +128,7 @@ def test_a_restarted_worker_heals_from_a_live_peer_and_no_round_averages_its_zer
     steps = 40
     # The survivors wait before step 22 until the restarted worker has started (a loaded machine
     # may take longer to start a process than the survivors take to finish).
-    run.procs = [run(r, steps=steps, sleep=0.1, hold_at=22) for r in range(3)]
+    run.procs = run.together(steps=steps, sleep=0.1, hold_at=[22, 22, 11])
     _kill_mid_period(run, 2, 10)
     # Restart it once the survivors have committed a round without it.
     _wait(lambda: any(x["quorum"] == 2 for x in _rounds(run.out, 0).values()), "a round of the two survivors")
@@ -144,7 +160,7 @@ def test_a_restarted_worker_heals_from_a_live_peer_and_no_round_averages_its_zer
 
 def test_a_worker_killed_during_a_rounds_transport_the_round_is_discarded(run):
     steps = 20
-    run.procs = [run(r, steps=steps, sleep=0.05, timeout=10.0, die_in_round=8 if r == 2 else 0) for r in range(3)]
+    run.procs = run.together(steps=steps, sleep=0.05, timeout=[10.0] * 3, die_in_round=[0, 0, 8])
     assert run.procs[2].wait(timeout=LIMIT) == -signal.SIGKILL
     for r in (0, 1):
         _finish(run.procs[r])

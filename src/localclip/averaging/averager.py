@@ -116,7 +116,10 @@ class PeriodicAverager:
     copies; the codes, about 1/4 (int8) or 1/8 (int4) of a copy, twice) and with error feedback
     a float32 residual of the same length and one of a 1/world-size shard. With ``overlap``,
     one copy for the rounds' snapshots, and with ``overlap_merge="carry"`` and
-    ``compression="none"`` one more (a float round sums into its snapshot in place).
+    ``compression="none"`` one more (a float round sums into its snapshot in place). Under a
+    membership that can fail (:meth:`use_membership`, ``--runtime ft``), one copy of the
+    averaged tensors (and of the anchors, if any) to undo a failed round, kept from the first
+    round on.
 
     Attributes:
         rounds: averaging rounds so far.
@@ -401,10 +404,23 @@ class PeriodicAverager:
         self.bytes_communicated += sent
         self.schedule.synced_at[p] = step
 
+    _kept: tuple | None = None  # the pre-round copies of the values and anchors, allocated once
+
+    @torch.no_grad()
     def _pre_round_state(self) -> tuple:
-        """What a round writes: the averaged values, the anchors and the outer optimizer's state."""
-        return ([b.values.clone() for b in self._buckets], [None if b.anchor is None else b.anchor.clone() for b in self._buckets],
-                None if self.outer is None else copy.deepcopy(self.outer.state_dict()))
+        """What a round writes: the averaged values, the anchors and the outer optimizer's state.
+        The values and anchors are copied into buffers kept from round to round: a fresh copy
+        each round would cost the page faults of a model-sized allocation as well (several
+        times the copy's own CPU time, docs/benchmarks.md)."""
+        if self._kept is None:
+            self._kept = ([torch.empty_like(b.values) for b in self._buckets],
+                          [None if b.anchor is None else torch.empty_like(b.anchor) for b in self._buckets])
+        values, anchors = self._kept
+        for b, v, a in zip(self._buckets, values, anchors):
+            v.copy_(b.values)
+            if a is not None:
+                a.copy_(b.anchor)
+        return values, anchors, None if self.outer is None else copy.deepcopy(self.outer.state_dict())
 
     @torch.no_grad()
     def _restore_pre_round_state(self, saved: tuple) -> None:

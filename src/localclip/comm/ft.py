@@ -84,14 +84,15 @@ class FaultTolerantCommunicator(Communicator):
             raise CommunicationError(f"rank {self.rank}: a fault-tolerant group all-reduces only inside a round (between begin_round and commit)")
         reduce_op = ReduceOp.SUM if op == "sum" else ReduceOp.MAX
         works = [manager.allreduce(t, reduce_op=reduce_op) for t in tensors]
-        for work in works:
+        # Each tensor's ``then`` as soon as it is reduced (the work on the first sums overlaps the
+        # transport of the rest), until a failure: what it wrote then is undone with the round.
+        for t, work in zip(tensors, works):
             work.wait()
+            if then is not None and manager.errored() is None:
+                then(t)
         error = manager.errored()
         if error is not None:
             raise CommunicationError(f"rank {self.rank}: a round's all-reduce failed, a peer is gone: {_first_line(error)}")
-        if then is not None:
-            for t in tensors:
-                then(t)
 
     def _broadcast(self, tensors, src):
         return None
