@@ -17,22 +17,34 @@ from localclip.train.sections import SECTIONS, LocalUpdateConfig, RoundConfig
 
 from helpers import REPO
 
-COMMITTED = sorted((REPO / "results").rglob("config.json"))
-
-
 def _committed(path):
     data = json.loads(path.read_text())
     data.pop("provenance", None)
     return data
 
 
+# Runs made before config.json was written in sections hold flat files; later runs hold sections.
+COMMITTED = sorted((REPO / "results").rglob("config.json"))
+FLAT = [p for p in COMMITTED if "period" in _committed(p)]
+IN_SECTIONS = [p for p in COMMITTED if p not in FLAT]
+_ids = lambda p: str(p.parent.relative_to(REPO / "results"))
+
+
 def test_results_hold_committed_flat_configs():
     # The walk below means something only if there are flat files to walk.
-    assert len(COMMITTED) >= 100
-    assert all("period" in _committed(p) for p in COMMITTED)
+    assert len(FLAT) >= 100
+    assert all(set(_committed(p)) == set(SECTIONS) for p in IN_SECTIONS)
 
 
-@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.parent.relative_to(REPO / "results")))
+@pytest.mark.parametrize("path", IN_SECTIONS, ids=_ids)
+def test_every_committed_config_in_sections_loads_and_round_trips(path):
+    data = _committed(path)
+    config = config_from_dict(data)
+    assert jsonio.loads(config.to_json()) == jsonio.decode(data)
+    assert config_from_dict(json.loads(config.to_json())) == config
+
+
+@pytest.mark.parametrize("path", FLAT, ids=_ids)
 def test_every_committed_flat_config_loads_and_round_trips(path):
     flat = _committed(path)
     config = config_from_dict(flat)
